@@ -1,0 +1,252 @@
+// Package sandbox drives real runsc sandboxes for forkvisor's tests and
+// benchmarks: OCI bundles around a static workload, run, checkpoint,
+// restore, output following and clean teardown.
+package sandbox
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Runsc is one runsc binary with its own state root.
+type Runsc struct {
+	// Bin is the runsc binary.
+	Bin string
+	// Root is the --root state directory; it is created if missing.
+	Root string
+	// Platform is the --platform flag (default systrap).
+	Platform string
+	// LogDir, if set, receives runsc debug logs (--debug-log).
+	LogDir string
+}
+
+func (r *Runsc) command(args ...string) *exec.Cmd {
+	platform := r.Platform
+	if platform == "" {
+		platform = "systrap"
+	}
+	global := []string{"--root", r.Root, "--network=none", "--platform=" + platform}
+	if r.LogDir != "" {
+		global = append(global, "--debug", "--debug-log="+r.LogDir+"/")
+	}
+	return exec.Command(r.Bin, append(global, args...)...)
+}
+
+// Exec runs a runsc subcommand and returns its combined output.
+func (r *Runsc) Exec(args ...string) (string, error) {
+	if err := os.MkdirAll(r.Root, 0o711); err != nil {
+		return "", err
+	}
+	out, err := r.command(args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// startDetached runs a detaching runsc subcommand (run or restore) with the
+// container's stdout and stderr going to outPath.
+func (r *Runsc) startDetached(outPath string, args ...string) error {
+	if err := os.MkdirAll(r.Root, 0o711); err != nil {
+		return err
+	}
+	out, err := os.OpenFile(outPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	// runsc's own stderr must be a file too: a pipe would be inherited by the
+	// detached sandbox and never reach EOF.
+	errf, err := os.CreateTemp("", "runsc-stderr-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(errf.Name())
+	defer errf.Close()
+	cmd := r.command(args...)
+	cmd.Stdout = out
+	cmd.Stderr = errf
+	if err := cmd.Run(); err != nil {
+		msg, _ := os.ReadFile(errf.Name())
+		return fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
+// Run starts container id from bundle, detached; its output goes to outPath.
+func (r *Runsc) Run(bundle, id, outPath string) error {
+	return r.startDetached(outPath, "run", "--bundle", bundle, "--detach", id)
+}
+
+// Restore restores container id from imageDir into bundle, detached; its
+// output goes to outPath. extra flags go before the container ID.
+func (r *Runsc) Restore(bundle, id, imageDir, outPath string, extra ...string) error {
+	args := append([]string{"restore", "--image-path", imageDir, "--bundle", bundle, "--detach"}, extra...)
+	return r.startDetached(outPath, append(args, id)...)
+}
+
+// Checkpoint checkpoints container id into imageDir. extra flags go before
+// the container ID.
+func (r *Runsc) Checkpoint(id, imageDir string, extra ...string) error {
+	args := append([]string{"checkpoint", "--image-path", imageDir}, extra...)
+	_, err := r.Exec(append(args, id)...)
+	return err
+}
+
+// Destroy kills and deletes container id, ignoring errors.
+func (r *Runsc) Destroy(id string) {
+	r.command("kill", id, "KILL").Run()
+	for i := 0; i < 50; i++ {
+		if r.command("delete", "--force", id).Run() == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// SandboxPID returns the PID of container id's sandbox process.
+func (r *Runsc) SandboxPID(id string) (int, error) {
+	out, err := r.Exec("state", id)
+	if err != nil {
+		return 0, err
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		return 0, fmt.Errorf("runsc state %s: %w", id, err)
+	}
+	return st.Pid, nil
+}
+
+// Cleanup destroys every container under r.Root and unmounts what runsc left
+// mounted there (e.g. the nsfs bind mount for --network=none), so that the
+// root directory can be removed.
+func (r *Runsc) Cleanup() {
+	if out, err := r.command("list", "-q").Output(); err == nil {
+		for _, id := range strings.Fields(string(out)) {
+			r.Destroy(id)
+		}
+	}
+	UnmountUnder(r.Root)
+}
+
+// UnmountUnder lazily unmounts every mount point at or below dir, deepest
+// first.
+func UnmountUnder(dir string) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	var points []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := fields[4]
+		if mp == abs || strings.HasPrefix(mp, abs+"/") {
+			points = append(points, mp)
+		}
+	}
+	for i := len(points) - 1; i >= 0; i-- {
+		unix.Unmount(points[i], unix.MNT_DETACH)
+	}
+}
+
+// NewBundle creates an OCI bundle in dir whose root filesystem holds the
+// static binary bin as /workload, running /workload with args.
+func NewBundle(dir, bin string, args ...string) error {
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		return err
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "workload"), data, 0o755); err != nil {
+		return err
+	}
+	spec := map[string]any{
+		"ociVersion": "1.0.0",
+		"process": map[string]any{
+			"terminal": false,
+			"user":     map[string]any{"uid": 0, "gid": 0},
+			"args":     append([]string{"/workload"}, args...),
+			"env":      []string{"PATH=/", "GOGC=off"},
+			"cwd":      "/",
+		},
+		"root":     map[string]any{"path": "rootfs", "readonly": false},
+		"hostname": "forkvisor",
+		"mounts": []map[string]any{
+			{"destination": "/proc", "type": "proc", "source": "proc"},
+			{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+		},
+		"linux": map[string]any{
+			"namespaces": []map[string]any{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}},
+		},
+	}
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644)
+}
+
+// Lines returns the complete lines of the file at path.
+func Lines(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	} else {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// WaitForLine polls path until a complete line at index >= from satisfies
+// match, and returns that line and its index.
+func WaitForLine(path string, from int, timeout time.Duration, match func(string) bool) (string, int, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		lines := Lines(path)
+		for i := from; i < len(lines); i++ {
+			if match(lines[i]) {
+				return lines[i], i, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			last := "(no output)"
+			if len(lines) > 0 {
+				last = lines[len(lines)-1]
+			}
+			return "", 0, fmt.Errorf("%s: no matching line within %v after line %d; last line: %s", path, timeout, from, last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

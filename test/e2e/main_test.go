@@ -1,0 +1,57 @@
+// Package e2e drives real runsc sandboxes (systrap) built from this
+// repository: bin/runsc (the fork) and bin/runsc-upstream (the same pin,
+// unpatched). The tests need root and both binaries; without them they skip
+// and say why.
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+var (
+	repoRoot string
+	// tickBin is the static tick workload, built once by TestMain.
+	tickBin string
+)
+
+func TestMain(m *testing.M) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	repoRoot = root
+	dir, err := os.MkdirTemp("", "forkvisor-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	tickBin = filepath.Join(dir, "tick")
+	cmd := exec.Command("go", "build", "-o", tickBin, "./test/workloads/tick")
+	cmd.Dir = repoRoot
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building the tick workload: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// binary returns the path of bin/NAME, or skips the test.
+func binary(t *testing.T, name string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run runsc sandboxes")
+	}
+	p := filepath.Join(repoRoot, "bin", name)
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("%s not built (run `make`): %v", p, err)
+	}
+	return p
+}
