@@ -5,11 +5,13 @@ package sandbox
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -131,12 +133,45 @@ func (r *Runsc) SandboxPID(id string) (int, error) {
 // mounted there (e.g. the nsfs bind mount for --network=none), so that the
 // root directory can be removed.
 func (r *Runsc) Cleanup() {
-	if out, err := r.command("list", "-q").Output(); err == nil {
+	if out, err := r.command("list", "-quiet").Output(); err == nil {
 		for _, id := range strings.Fields(string(out)) {
 			r.Destroy(id)
 		}
 	}
+	// Whatever runsc lost track of (e.g. after a failed restore) still
+	// names the root on its command line.
+	KillByArg(r.Root)
 	UnmountUnder(r.Root)
+}
+
+// KillByArg sends SIGKILL to every process with an argument that contains
+// s, and waits briefly for them to go.
+func KillByArg(s string) {
+	self := os.Getpid()
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, []byte(s)) {
+			continue
+		}
+		unix.Kill(pid, unix.SIGKILL)
+		pids = append(pids, pid)
+	}
+	for i := 0; i < 50 && len(pids) > 0; i++ {
+		alive := pids[:0]
+		for _, pid := range pids {
+			if unix.Kill(pid, 0) == nil {
+				alive = append(alive, pid)
+			}
+		}
+		pids = alive
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // UnmountUnder lazily unmounts every mount point at or below dir, deepest
