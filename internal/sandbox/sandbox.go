@@ -285,3 +285,22 @@ func WaitForLine(path string, from int, timeout time.Duration, match func(string
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// GoferPID returns the gofer PID of container id from runsc's state file, or
+// 0 if it has none.
+func (r *Runsc) GoferPID(id string) int {
+	matches, _ := filepath.Glob(filepath.Join(r.Root, "*_sandbox:"+id+".state"))
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		var st struct {
+			GoferPid int `json:"goferPid"`
+		}
+		if json.Unmarshal(b, &st) == nil {
+			return st.GoferPid
+		}
+	}
+	return 0
+}

@@ -8,12 +8,13 @@ import (
 
 // Tick is one line of the tick workload's output.
 type Tick struct {
-	N   int
-	MiB int
-	OK  bool
+	N    int
+	MiB  int
+	OK   bool
+	Mark string // "0" until marked
 }
 
-// ParseTick parses "tick=N mib=M sum=ok|BAD".
+// ParseTick parses "tick=N mib=M sum=ok|BAD [mark=HEX]".
 func ParseTick(line string) (Tick, error) {
 	var t Tick
 	seen := 0
@@ -33,6 +34,8 @@ func ParseTick(line string) (Tick, error) {
 		case "sum":
 			t.OK = v == "ok"
 			seen++
+		case "mark":
+			t.Mark = v
 		}
 		if err != nil {
 			return Tick{}, fmt.Errorf("tick line %q: %w", line, err)

@@ -3,18 +3,34 @@
 // whether the heap still holds the pattern. A restored clone must continue
 // the counter (not restart it) and keep printing "sum=ok".
 //
-// Usage: tick [-mib N] [-interval D]
+// Usage: tick [-mib N] [-interval D] [-ctl PATH]
 //
 // Output, one line per tick:
 //
-//	tick=N mib=M sum=ok|BAD
+//	tick=N mib=M sum=ok|BAD mark=HEX
+//
+// Commands: every tick, if the file PATH (default /tmp/ctl) exists, its
+// content is run as a command and the file is removed. `tick -send CMD`
+// writes CMD there (for `runsc exec`).
+//
+//	mark      write a fresh random value (getrandom) into the heap; every
+//	          later line prints the value read back from the heap as mark=
+//	fork      fork(); the child checks the heap pattern and the mark and
+//	          prints "forkchild sum=ok|BAD mark=HEX", then exits
+//	scribble  write every second page of the heap (same values), the
+//	          worst case for copy-on-write sharing
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
+	"sync/atomic"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // pattern returns the expected value of word i of the heap.
@@ -24,24 +40,80 @@ func pattern(i int) uint64 {
 	return x
 }
 
+const wordsPerPage = 4096 / 8
+
 func main() {
 	mib := flag.Int("mib", 64, "heap size in MiB")
 	interval := flag.Duration("interval", 100*time.Millisecond, "tick interval")
+	ctl := flag.String("ctl", "/tmp/ctl", "command file")
+	send := flag.String("send", "", "write this command to the command file and exit")
 	flag.Parse()
+
+	if *send != "" {
+		tmp := *ctl + ".tmp"
+		if err := os.WriteFile(tmp, []byte(*send), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		if err := os.Rename(tmp, *ctl); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	words := *mib << 20 / 8
 	heap := make([]uint64, words)
 	for i := range heap {
 		heap[i] = pattern(i)
 	}
+	// The mark lives in its own page in the middle of the heap; that page is
+	// excluded from the pattern check once marked.
+	markIdx := (words / 2) &^ (wordsPerPage - 1)
+	marked := false
+	check := func(i int) bool {
+		if marked && i >= markIdx && i < markIdx+wordsPerPage {
+			return true
+		}
+		return heap[i] == pattern(i)
+	}
+
 	// Verify a slice of the heap per tick so that every page is checked
 	// within a few seconds without slowing the tick.
 	const wordsPerTick = 4 << 20 / 8
 	next := 0
 	bad := false
 	for tick := 0; ; tick++ {
+		if cmd, err := os.ReadFile(*ctl); err == nil {
+			os.Remove(*ctl)
+			switch strings.TrimSpace(string(cmd)) {
+			case "mark":
+				var b [8]byte
+				if _, err := unix.Getrandom(b[:], 0); err != nil {
+					fmt.Printf("mark failed: %v\n", err)
+					break
+				}
+				v := uint64(0)
+				for _, c := range b {
+					v = v<<8 | uint64(c)
+				}
+				marked = true
+				for j := 0; j < wordsPerPage; j++ {
+					heap[markIdx+j] = v
+				}
+			case "fork":
+				forkAndCheck(heap, check, markIdx)
+			case "scribble":
+				for i := 0; i < words; i += 2 * wordsPerPage {
+					atomic.AddUint64(&heap[i], 0)
+				}
+				fmt.Printf("scribbled\n")
+			default:
+				fmt.Printf("unknown command %q\n", cmd)
+			}
+		}
 		for n := 0; n < wordsPerTick && n < words; n++ {
-			if heap[next] != pattern(next) {
+			if !check(next) {
 				bad = true
 			}
 			next = (next + 1) % words
@@ -50,8 +122,61 @@ func main() {
 		if bad {
 			sum = "BAD"
 		}
-		fmt.Printf("tick=%d mib=%d sum=%s\n", tick, *mib, sum)
-		os.Stdout.Sync()
+		mark := uint64(0)
+		if marked {
+			mark = heap[markIdx]
+		}
+		fmt.Printf("tick=%d mib=%d sum=%s mark=%x\n", tick, *mib, sum, mark)
 		time.Sleep(*interval)
 	}
+}
+
+// forkAndCheck forks. The child, which must not call into the Go runtime,
+// checks every word of the heap and prints one line with raw syscalls; the
+// parent waits for it.
+func forkAndCheck(heap []uint64, check func(int) bool, markIdx int) {
+	// Format the child's output buffer before forking.
+	var line [64]byte
+	pid, _, errno := unix.RawSyscall(unix.SYS_FORK, 0, 0, 0)
+	if errno != 0 {
+		fmt.Printf("fork failed: %v\n", errno)
+		return
+	}
+	if pid == 0 {
+		ok := true
+		for i := range heap {
+			if !check(i) {
+				ok = false
+			}
+		}
+		n := copy(line[:], "forkchild sum=")
+		if ok {
+			n += copy(line[n:], "ok")
+		} else {
+			n += copy(line[n:], "BAD")
+		}
+		n += copy(line[n:], " mark=")
+		n += putHex(line[n:], heap[markIdx])
+		line[n] = '\n'
+		unix.RawSyscall(unix.SYS_WRITE, 1, uintptr(unsafe.Pointer(&line[0])), uintptr(n+1))
+		unix.RawSyscall(unix.SYS_EXIT_GROUP, 0, 0, 0)
+	}
+	var ws unix.WaitStatus
+	unix.Wait4(int(pid), &ws, 0, nil)
+}
+
+// putHex writes v in hex without leading zeroes and returns the length.
+func putHex(b []byte, v uint64) int {
+	const digits = "0123456789abcdef"
+	var tmp [16]byte
+	i := len(tmp)
+	for {
+		i--
+		tmp[i] = digits[v&15]
+		v >>= 4
+		if v == 0 {
+			break
+		}
+	}
+	return copy(b, tmp[i:])
 }

@@ -1,0 +1,311 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// parked is a source sandbox parked with --shared-base.
+type parked struct {
+	r        *sandbox.Runsc
+	dir      string
+	bundle   string
+	image    string
+	lastTick int
+}
+
+// parkSource runs the tick workload with a heap of mib MiB, waits for it to
+// tick, and checkpoints it with --shared-base.
+func parkSource(t *testing.T, mib int) *parked {
+	t.Helper()
+	bin := binary(t, "runsc")
+	dir := t.TempDir()
+	r := &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}
+	t.Cleanup(r.Cleanup)
+	bundle := filepath.Join(dir, "bundle")
+	if err := sandbox.NewBundle(bundle, tickBin, "-mib", fmt.Sprint(mib), "-interval", "50ms"); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "source.out")
+	if err := r.Run(bundle, "source", out); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := sandbox.WaitForLine(out, 0, 60*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		return err == nil && tk.N >= 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(dir, "image")
+	if err := r.Checkpoint("source", image, "--shared-base"); err != nil {
+		t.Fatal(err)
+	}
+	r.Destroy("source")
+	lines := sandbox.Lines(out)
+	last, err := sandbox.ParseTick(lines[len(lines)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &parked{r: r, dir: dir, bundle: bundle, image: image, lastTick: last.N}
+}
+
+// restoreClone restores id from image (extra restore flags allowed), checks
+// that its first tick continues from lastTick, and returns its output path.
+func (p *parked) restoreClone(t *testing.T, id, image string, lastTick int, extra ...string) string {
+	t.Helper()
+	out := filepath.Join(p.dir, id+".out")
+	if err := p.r.Restore(p.bundle, id, image, out, extra...); err != nil {
+		t.Fatal(err)
+	}
+	line, _, err := sandbox.WaitForLine(out, 0, 30*time.Second, sandbox.IsTick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk, _ := sandbox.ParseTick(line); tk.N != lastTick+1 || !tk.OK {
+		t.Fatalf("clone %s: first line %q; want tick=%d with sum=ok", id, line, lastTick+1)
+	}
+	return out
+}
+
+// send runs `/workload -send cmd` in container id.
+func (p *parked) send(t *testing.T, id, cmd string) {
+	t.Helper()
+	if _, err := p.r.Exec("exec", id, "/workload", "-send", cmd); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitTick waits for a tick line of out at or after line index from that
+// satisfies match, and fails the test on a line with sum=BAD.
+func waitTick(t *testing.T, out string, from int, what string, match func(sandbox.Tick) bool) (sandbox.Tick, int) {
+	t.Helper()
+	var got sandbox.Tick
+	_, idx, err := sandbox.WaitForLine(out, from, 60*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		if err != nil {
+			return false
+		}
+		if !tk.OK || match(tk) {
+			got = tk
+			return true
+		}
+		return false
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+	if !got.OK {
+		t.Fatalf("waiting for %s in %s: heap checksum BAD at tick %d", what, out, got.N)
+	}
+	return got, idx
+}
+
+// TestSharedBaseClones parks a 256 MiB workload with --shared-base and fans
+// out 8 clones on systrap: each continues the tick counter with its heap
+// intact, keeps a private random mark no sibling sees, forks with the base
+// and its private writes visible in the child, survives the
+// write-every-other-page extreme, and can be parked again as a delta that
+// restores over the same base.
+func TestSharedBaseClones(t *testing.T) {
+	const mib, clones = 256, 8
+	p := parkSource(t, mib)
+
+	for _, name := range []string{"base.img", "base.json", "pages_meta.img", "checkpoint.img"} {
+		if _, err := os.Stat(filepath.Join(p.image, name)); err != nil {
+			t.Fatalf("image: %v", err)
+		}
+	}
+	if st, _ := os.Stat(filepath.Join(p.image, "pages.img")); st == nil || st.Size() > 16<<20 {
+		t.Fatalf("pages.img should hold only the delta against the base; stat: %v", st)
+	}
+
+	outs := make([]string, clones)
+	for i := range outs {
+		outs[i] = p.restoreClone(t, fmt.Sprintf("c%d", i), p.image, p.lastTick)
+	}
+
+	// Each clone writes its own random mark and keeps reading it.
+	marks := map[string]int{}
+	markOf := make([]string, clones)
+	from := make([]int, clones)
+	for i := range outs {
+		p.send(t, fmt.Sprintf("c%d", i), "mark")
+	}
+	for i, out := range outs {
+		tk, idx := waitTick(t, out, 0, "a mark", func(tk sandbox.Tick) bool { return tk.Mark != "" && tk.Mark != "0" })
+		if j, dup := marks[tk.Mark]; dup {
+			t.Fatalf("clones %d and %d print the same mark %s: a write leaked between clones", j, i, tk.Mark)
+		}
+		marks[tk.Mark] = i
+		markOf[i] = tk.Mark
+		from[i] = idx
+	}
+
+	// fork() in clone 0: the child sees the base pattern and the mark.
+	p.send(t, "c0", "fork")
+	line, _, err := sandbox.WaitForLine(outs[0], from[0], 30*time.Second, func(l string) bool { return strings.HasPrefix(l, "forkchild") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "forkchild sum=ok mark=" + markOf[0]; line != want {
+		t.Errorf("fork child printed %q, want %q", line, want)
+	}
+
+	// The write-every-other-page extreme in clone 2.
+	p.send(t, "c2", "scribble")
+	if _, _, err := sandbox.WaitForLine(outs[2], from[2], 30*time.Second, func(l string) bool { return l == "scribbled" }); err != nil {
+		t.Fatal(err)
+	}
+
+	// Every clone keeps its mark and an intact heap for a full pass of the
+	// checksum over the heap (4 MiB per tick).
+	for i, out := range outs {
+		first, _ := sandbox.ParseTick(sandbox.Lines(out)[from[i]])
+		tk, _ := waitTick(t, out, from[i], "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= first.N+mib/4+2 })
+		if tk.Mark != markOf[i] {
+			t.Errorf("clone %d: mark changed from %s to %s", i, markOf[i], tk.Mark)
+		}
+	}
+
+	// Park clone 1 again: a delta-only image that references the base.
+	image2 := filepath.Join(p.dir, "image2")
+	if err := p.r.Checkpoint("c1", image2, "--shared-base"); err != nil {
+		t.Fatal(err)
+	}
+	p.r.Destroy("c1")
+	if _, err := os.Stat(filepath.Join(image2, "base.img")); !os.IsNotExist(err) {
+		t.Errorf("re-parked clone wrote a base.img (%v); it must reference the existing base", err)
+	}
+	if st, err := os.Stat(filepath.Join(image2, "pages.img")); err != nil || st.Size() > 4<<20 {
+		t.Errorf("re-parked clone's pages.img: %v (%d bytes); want only its own pages", err, st.Size())
+	}
+	lines := sandbox.Lines(outs[1])
+	last, _ := sandbox.ParseTick(lines[len(lines)-1])
+
+	// Without naming the base, the restore is refused before it starts.
+	if err := p.r.Restore(p.bundle, "c1again", image2, filepath.Join(p.dir, "refused.out")); err == nil || !strings.Contains(err.Error(), "--shared-base") {
+		t.Errorf("restore of a re-parked clone without its base: got %v, want an error that asks for --shared-base", err)
+	}
+	out := p.restoreClone(t, "c1again", image2, last.N, "--shared-base="+filepath.Join(p.image, "base.img"))
+	tk, _ := waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= last.N+mib/4+2 })
+	if tk.Mark != markOf[1] {
+		t.Errorf("re-parked clone lost its mark: %s, want %s", tk.Mark, markOf[1])
+	}
+}
+
+// TestSharedBaseRefusesBadBase checks that a missing, truncated or different
+// base is refused with a clear error before the sandbox starts, and that the
+// base files are left as they were.
+func TestSharedBaseRefusesBadBase(t *testing.T) {
+	p := parkSource(t, 32)
+	base := filepath.Join(p.image, "base.img")
+	before := fileSum(t, base)
+
+	// An image directory without its base.
+	noBase := filepath.Join(p.dir, "nobase")
+	if err := os.MkdirAll(noBase, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img", "base.json"} {
+		sparseCopy(t, filepath.Join(p.image, name), filepath.Join(noBase, name))
+	}
+	truncated := filepath.Join(p.dir, "truncated.img")
+	sparseCopy(t, base, truncated)
+	st, err := os.Stat(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(truncated, st.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	// Same length, one byte of data changed.
+	tampered := filepath.Join(p.dir, "tampered.img")
+	sparseCopy(t, base, tampered)
+	flipFirstDataByte(t, tampered)
+
+	for _, tc := range []struct {
+		name, image string
+		flags       []string
+		want        string
+	}{
+		{"missing", noBase, nil, "needs shared base"},
+		{"truncated", p.image, []string{"--shared-base=" + truncated}, "bytes, but the checkpoint"},
+		{"tampered", p.image, []string{"--shared-base=" + tampered}, "does not match the checkpoint"},
+		{"named base missing", p.image, []string{"--shared-base=/nonexistent"}, "needs shared base"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "refused-" + strings.ReplaceAll(tc.name, " ", "-")
+			err := p.r.Restore(p.bundle, id, tc.image, filepath.Join(p.dir, id+".out"), tc.flags...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("restore: got %v, want an error containing %q", err, tc.want)
+			}
+			if out, _ := p.r.Exec("list", "-quiet"); strings.Contains(out, id) {
+				t.Errorf("refused restore left container %s behind", id)
+			}
+		})
+	}
+	if fileSum(t, base) != before {
+		t.Errorf("base.img changed")
+	}
+	// The good base still works after the refusals.
+	p.restoreClone(t, "good", p.image, p.lastTick)
+}
+
+// sparseCopy copies src to dst keeping holes.
+func sparseCopy(t *testing.T, src, dst string) {
+	t.Helper()
+	if out, err := exec.Command("cp", "--sparse=always", src, dst).CombinedOutput(); err != nil {
+		t.Fatalf("cp %s %s: %v: %s", src, dst, err, out)
+	}
+}
+
+// flipFirstDataByte inverts the first non-zero byte of path.
+func flipFirstDataByte(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for off := int64(0); ; off += int64(len(buf)) {
+		n, err := f.ReadAt(buf, off)
+		for i := 0; i < n; i++ {
+			if buf[i] != 0 {
+				if _, err := f.WriteAt([]byte{^buf[i]}, off+int64(i)); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s: no non-zero byte (%v)", path, err)
+		}
+	}
+}
+
+// fileSum returns the SHA-256 of path's content.
+func fileSum(t *testing.T, path string) [32]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
+}
