@@ -267,6 +267,11 @@ func Lines(path string) []string {
 // WaitForLine polls path until a complete line at index >= from satisfies
 // match, and returns that line and its index.
 func WaitForLine(path string, from int, timeout time.Duration, match func(string) bool) (string, int, error) {
+	return WaitForLineEvery(path, from, timeout, 10*time.Millisecond, match)
+}
+
+// WaitForLineEvery is WaitForLine polling every interval.
+func WaitForLineEvery(path string, from int, timeout, interval time.Duration, match func(string) bool) (string, int, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		lines := Lines(path)
@@ -282,7 +287,7 @@ func WaitForLine(path string, from int, timeout time.Duration, match func(string
 			}
 			return "", 0, fmt.Errorf("%s: no matching line within %v after line %d; last line: %s", path, timeout, from, last)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 

@@ -3,7 +3,7 @@
 // whether the heap still holds the pattern. A restored clone must continue
 // the counter (not restart it) and keep printing "sum=ok".
 //
-// Usage: tick [-mib N] [-interval D] [-ctl PATH]
+// Usage: tick [-mib N] [-interval D] [-check-mib N] [-ctl PATH]
 //
 // Output, one line per tick:
 //
@@ -47,6 +47,7 @@ func main() {
 	interval := flag.Duration("interval", 100*time.Millisecond, "tick interval")
 	ctl := flag.String("ctl", "/tmp/ctl", "command file")
 	send := flag.String("send", "", "write this command to the command file and exit")
+	checkMiB := flag.Int("check-mib", 4, "MiB of the heap checked per tick")
 	flag.Parse()
 
 	if *send != "" {
@@ -80,7 +81,7 @@ func main() {
 
 	// Verify a slice of the heap per tick so that every page is checked
 	// within a few seconds without slowing the tick.
-	const wordsPerTick = 4 << 20 / 8
+	wordsPerTick := *checkMiB << 20 / 8
 	next := 0
 	bad := false
 	for tick := 0; ; tick++ {
@@ -112,12 +113,6 @@ func main() {
 				fmt.Printf("unknown command %q\n", cmd)
 			}
 		}
-		for n := 0; n < wordsPerTick && n < words; n++ {
-			if !check(next) {
-				bad = true
-			}
-			next = (next + 1) % words
-		}
 		sum := "ok"
 		if bad {
 			sum = "BAD"
@@ -127,6 +122,15 @@ func main() {
 			mark = heap[markIdx]
 		}
 		fmt.Printf("tick=%d mib=%d sum=%s mark=%x\n", tick, *mib, sum, mark)
+		// Check after printing, so that the time to the first line after a
+		// restore does not depend on how much is checked per tick; a bad
+		// word shows in the next line.
+		for n := 0; n < wordsPerTick && n < words; n++ {
+			if !check(next) {
+				bad = true
+			}
+			next = (next + 1) % words
+		}
 		time.Sleep(*interval)
 	}
 }

@@ -1,0 +1,45 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// TestKVMOnPVMFailsFast checks that --platform=kvm is refused with a clear
+// error on a host whose /dev/kvm comes from kvm_pvm, instead of hanging.
+func TestKVMOnPVMFailsFast(t *testing.T) {
+	bin := binary(t, "runsc")
+	if _, err := os.Stat("/sys/module/kvm_pvm"); err != nil {
+		t.Skip("this host's /dev/kvm is not PVM")
+	}
+	for _, m := range []string{"kvm_intel", "kvm_amd"} {
+		if _, err := os.Stat("/sys/module/" + m); err == nil {
+			t.Skipf("%s is loaded; the KVM platform may work here", m)
+		}
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	defer sandbox.UnmountUnder(root)
+	cmd := exec.Command(bin, "--root", root, "--platform=kvm", "--network=none", "do", "true")
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	start := time.Now()
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		sandbox.KillByArg(root)
+		t.Fatal("runsc --platform=kvm did not fail within 60s")
+	}
+	if err == nil || !strings.Contains(string(out), "use --platform=systrap") {
+		t.Fatalf("runsc --platform=kvm: err %v, output %q; want a refusal naming systrap", err, out)
+	}
+	t.Logf("refused in %v: %s", time.Since(start), strings.TrimSpace(string(out)))
+}
