@@ -8,11 +8,11 @@ GO ?= go
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath
 UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvisor@$(PIN) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
-FORK_TEST_PKGS := ./pkg/sentry/pgalloc/
+FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/platform/kvm/
 
-.PHONY: all tree patches check-patches runsc runsc-upstream test test-fork test-harness vet demo flatten-table bench clean
+.PHONY: all tree patches check-patches runsc runsc-upstream tick test test-fork test-harness vet demo flatten-table bench clean
 
-all: runsc runsc-upstream
+all: runsc runsc-upstream tick
 
 # Materialize build/gvisor: upstream at the pin + patches/series.
 tree:
@@ -35,6 +35,10 @@ runsc: $(TREE)/go.mod
 runsc-upstream:
 	cd "$(UPSTREAM_DIR)" && $(GOBUILD) -o $(CURDIR)/bin/runsc-upstream ./runsc
 
+# The built-in workload (static).
+tick:
+	$(GOBUILD) -o bin/tick ./test/workloads/tick
+
 vet:
 	$(GO) vet ./...
 
@@ -52,9 +56,15 @@ test: check-patches tree all vet test-fork test-harness
 flatten-table: $(TREE)/go.mod
 	tools/flatten-table.sh 8 16 32
 
-demo: flatten-table
+# The main job: park the built-in workload (256 MiB) with a shared base, fan
+# out 8 clones, and print upstream runsc and forkvisor side by side.
+demo: all
+	$(GO) run ./bench/forkbench -scenarios clones256 -json bench/out/demo.json
 
-bench: flatten-table
+# Every benchmark: 8 x 256 MiB clones, 2 x 2 GiB clones, re-park of a clone,
+# and the pgalloc flatten table.
+bench: all flatten-table
+	$(GO) run ./bench/forkbench -json bench/out/forkbench.json
 
 clean:
 	rm -rf build bin

@@ -102,7 +102,7 @@ func main() {
 			}
 		}
 		if want["clones2g"] {
-			res, _ := clones(dir, rt, "clones2g", 2048, 2, 64, false)
+			res, _ := clones(dir, rt, "clones2g", 2048, 2, 4, false)
 			results = append(results, res)
 		}
 	}

@@ -309,3 +309,51 @@ func fileSum(t *testing.T, path string) [32]byte {
 	copy(sum[:], h.Sum(nil))
 	return sum
 }
+
+// TestSharedBaseLeaveRunning parks with --leave-running: the source keeps
+// running, and a clone restored from the image continues from the
+// checkpoint.
+func TestSharedBaseLeaveRunning(t *testing.T) {
+	bin := binary(t, "runsc")
+	dir := t.TempDir()
+	r := &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}
+	t.Cleanup(r.Cleanup)
+	bundle := filepath.Join(dir, "bundle")
+	if err := sandbox.NewBundle(bundle, tickBin, "-mib", "32", "-interval", "50ms"); err != nil {
+		t.Fatal(err)
+	}
+	srcOut := filepath.Join(dir, "source.out")
+	if err := r.Run(bundle, "source", srcOut); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := sandbox.WaitForLine(srcOut, 0, 30*time.Second, sandbox.IsTick); err != nil {
+		t.Fatal(err)
+	}
+
+	// A combination that cannot work is refused, and the source is unharmed.
+	if err := r.Checkpoint("source", filepath.Join(dir, "compressed"), "--shared-base", "--compression=flate-best-speed"); err == nil || !strings.Contains(err.Error(), "--shared-base requires --compression=none") {
+		t.Errorf("--shared-base with compression: got %v, want a refusal", err)
+	}
+
+	image := filepath.Join(dir, "image")
+	if err := r.Checkpoint("source", image, "--shared-base", "--leave-running"); err != nil {
+		t.Fatal(err)
+	}
+	n := len(sandbox.Lines(srcOut))
+	if _, _, err := sandbox.WaitForLine(srcOut, n, 10*time.Second, sandbox.IsTick); err != nil {
+		t.Fatalf("source stopped ticking after checkpoint --leave-running: %v", err)
+	}
+	out := filepath.Join(dir, "clone.out")
+	if err := r.Restore(bundle, "clone", image, out); err != nil {
+		t.Fatal(err)
+	}
+	line, _, err := sandbox.WaitForLine(out, 0, 30*time.Second, sandbox.IsTick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := sandbox.ParseTick(line)
+	if first.N < 1 || !first.OK {
+		t.Fatalf("clone's first line %q", line)
+	}
+	waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= first.N+32/4+2 })
+}
