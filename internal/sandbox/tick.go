@@ -12,6 +12,10 @@ type Tick struct {
 	MiB  int
 	OK   bool
 	Mark string // "0" until marked
+	// File and FileMark are the -file status ("ok", "BAD"; "" without
+	// -file) and mark.
+	File     string
+	FileMark string
 }
 
 // ParseTick parses "tick=N mib=M sum=ok|BAD [mark=HEX]".
@@ -36,6 +40,10 @@ func ParseTick(line string) (Tick, error) {
 			seen++
 		case "mark":
 			t.Mark = v
+		case "file":
+			t.File = v
+		case "filemark":
+			t.FileMark = v
 		}
 		if err != nil {
 			return Tick{}, fmt.Errorf("tick line %q: %w", line, err)

@@ -8,8 +8,8 @@ func TestParseTick(t *testing.T) {
 		want Tick
 		ok   bool
 	}{
-		{"tick=12 mib=256 sum=ok", Tick{12, 256, true, ""}, true},
-		{"tick=0 mib=1 sum=BAD mark=af03", Tick{0, 1, false, "af03"}, true},
+		{"tick=12 mib=256 sum=ok", Tick{N: 12, MiB: 256, OK: true}, true},
+		{"tick=0 mib=1 sum=BAD mark=af03", Tick{N: 0, MiB: 1, OK: false, Mark: "af03"}, true},
 		{"tick=x mib=1 sum=ok", Tick{}, false},
 		{"hello", Tick{}, false},
 		{"tick=3 sum=ok", Tick{}, false},

@@ -48,6 +48,8 @@ func main() {
 	ctl := flag.String("ctl", "/tmp/ctl", "command file")
 	send := flag.String("send", "", "write this command to the command file and exit")
 	checkMiB := flag.Int("check-mib", 4, "MiB of the heap checked per tick")
+	filePath := flag.String("file", "", "if set, a file in the writable layer: written with a pattern at start (unless it exists), then checked like the heap")
+	fileMiB := flag.Int("file-mib", 16, "size of -file in MiB")
 	flag.Parse()
 
 	if *send != "" {
@@ -79,6 +81,15 @@ func main() {
 		return heap[i] == pattern(i)
 	}
 
+	var lf *layerFile
+	if *filePath != "" {
+		var err error
+		if lf, err = openLayerFile(*filePath, *fileMiB); err != nil {
+			fmt.Printf("file failed: %v\n", err)
+			os.Exit(1)
+		}
+	}
+
 	// Verify a slice of the heap per tick so that every page is checked
 	// within a few seconds without slowing the tick.
 	wordsPerTick := *checkMiB << 20 / 8
@@ -104,6 +115,14 @@ func main() {
 				}
 			case "fork":
 				forkAndCheck(heap, check, markIdx)
+			case "filemark":
+				if lf == nil {
+					fmt.Printf("filemark: no -file\n")
+					break
+				}
+				if err := lf.mark(); err != nil {
+					fmt.Printf("filemark failed: %v\n", err)
+				}
 			case "scribble":
 				for i := 0; i < words; i += 2 * wordsPerPage {
 					atomic.AddUint64(&heap[i], 0)
@@ -121,7 +140,11 @@ func main() {
 		if marked {
 			mark = heap[markIdx]
 		}
-		fmt.Printf("tick=%d mib=%d sum=%s mark=%x\n", tick, *mib, sum, mark)
+		if lf != nil {
+			fmt.Printf("tick=%d mib=%d sum=%s mark=%x file=%s filemark=%x\n", tick, *mib, sum, mark, lf.status(), lf.markValue())
+		} else {
+			fmt.Printf("tick=%d mib=%d sum=%s mark=%x\n", tick, *mib, sum, mark)
+		}
 		// Check after printing, so that the time to the first line after a
 		// restore does not depend on how much is checked per tick; a bad
 		// word shows in the next line.
@@ -130,6 +153,9 @@ func main() {
 				bad = true
 			}
 			next = (next + 1) % words
+		}
+		if lf != nil {
+			lf.checkSome(wordsPerTick * 8)
 		}
 		time.Sleep(*interval)
 	}
