@@ -10,9 +10,13 @@ UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvis
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
 FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/platform/kvm/
 
-.PHONY: all tree patches check-patches runsc runsc-upstream tick test test-fork test-harness vet demo flatten-table bench clean
+.PHONY: setup all tree patches check-patches runsc runsc-upstream tick test test-fork test-harness vet demo flatten-table bench clean
 
 all: runsc runsc-upstream tick
+
+# Machine set-up beyond Go (xfsprogs).
+setup:
+	tools/setup.sh
 
 # Materialize build/gvisor: upstream at the pin + patches/series.
 tree:
@@ -50,7 +54,7 @@ test-harness: $(TREE)/go.mod
 
 # Everything CI runs: patch hygiene, the fork's tests, the harness's tests
 # (which need bin/runsc and bin/runsc-upstream for the sandbox tests).
-test: check-patches tree all vet test-fork test-harness
+test: setup check-patches tree all vet test-fork test-harness
 
 # The pgalloc flatten table: N clones restored over one base.
 flatten-table: $(TREE)/go.mod
@@ -58,12 +62,12 @@ flatten-table: $(TREE)/go.mod
 
 # The main job: park the built-in workload (256 MiB) with a shared base, fan
 # out 8 clones, and print upstream runsc and forkvisor side by side.
-demo: all
+demo: setup all
 	$(GO) run ./bench/forkbench -scenarios clones256 -json bench/out/demo.json
 
 # Every benchmark: 8 x 256 MiB clones, 2 x 2 GiB clones, re-park of a clone,
 # and the pgalloc flatten table.
-bench: all flatten-table
+bench: setup all flatten-table
 	$(GO) run ./bench/forkbench -json bench/out/forkbench.json
 
 clean:

@@ -1,0 +1,431 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+	"github.com/forkvisor/forkvisor/internal/xfs"
+)
+
+// layerEnv is a source sandbox whose root filesystem (and so its self
+// filestore) lives on a loopback XFS with reflink.
+type layerEnv struct {
+	r      *sandbox.Runsc
+	fs     *xfs.FS
+	dir    string // on XFS
+	bundle string
+}
+
+func newLayerEnv(t *testing.T, fileMiB int) *layerEnv {
+	t.Helper()
+	bin := binary(t, "runsc")
+	if why := xfs.Available(); why != "" {
+		t.Skip(why)
+	}
+	fs, err := xfs.Mount(t.TempDir(), 8<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fs.Unmount)
+	e := &layerEnv{fs: fs, dir: fs.Dir}
+	e.r = &sandbox.Runsc{Bin: bin, Root: filepath.Join(t.TempDir(), "root")}
+	t.Cleanup(e.r.Cleanup)
+	e.bundle = filepath.Join(e.dir, "bundle")
+	if err := sandbox.NewBundle(e.bundle, tickBin, "-mib", "16", "-interval", "50ms", "-file", "/layer.bin", "-file-mib", fmt.Sprint(fileMiB)); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// start runs id and waits until its layer file is written and checked.
+func (e *layerEnv) start(t *testing.T, id string) string {
+	t.Helper()
+	out := filepath.Join(e.dir, id+".out")
+	if err := e.r.Run(e.bundle, id, out); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := sandbox.WaitForLine(out, 0, 60*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		return err == nil && tk.N >= 2 && tk.File == "ok"
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// park checkpoints id with its filestores kept out of the image.
+func (e *layerEnv) park(t *testing.T, id, name string) (image, snap string) {
+	t.Helper()
+	image, snap = filepath.Join(e.dir, name+"-image"), filepath.Join(e.dir, name+"-snap")
+	if err := e.r.Checkpoint(id, image, "--skip-filestore-pages", "--filestore-snapshot-dir="+snap); err != nil {
+		t.Fatal(err)
+	}
+	return image, snap
+}
+
+// adopt restores id from image adopting snap, and returns its output and
+// first tick, which must have an intact heap and layer.
+func (e *layerEnv) adopt(t *testing.T, id, image, snap string) (string, sandbox.Tick) {
+	t.Helper()
+	out := filepath.Join(e.dir, id+".out")
+	if err := e.r.Restore(e.bundle, id, image, out, "--filestore-adopt-dir="+snap); err != nil {
+		t.Fatal(err)
+	}
+	line, _, err := sandbox.WaitForLine(out, 0, 30*time.Second, sandbox.IsTick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, _ := sandbox.ParseTick(line)
+	return out, tk
+}
+
+// fullCheck waits until id's output shows its whole layer checked, and
+// returns the tick.
+func fullCheck(t *testing.T, out string, fileMiB int) sandbox.Tick {
+	t.Helper()
+	from := len(sandbox.Lines(out))
+	first, _, err := sandbox.WaitForLine(out, from, 30*time.Second, sandbox.IsTick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ft, _ := sandbox.ParseTick(first)
+	var got sandbox.Tick
+	if _, _, err := sandbox.WaitForLine(out, from, 60*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		if err != nil {
+			return false
+		}
+		got = tk
+		return tk.File == "BAD" || !tk.OK || tk.N >= ft.N+fileMiB/4+2
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got.File != "ok" || !got.OK {
+		t.Fatalf("%s: layer %s, heap ok=%t at tick %d", out, got.File, got.OK, got.N)
+	}
+	return got
+}
+
+func (e *layerEnv) fileMark(t *testing.T, id, out string) string {
+	t.Helper()
+	if _, err := e.r.Exec("exec", id, "/workload", "-send", "filemark"); err != nil {
+		t.Fatal(err)
+	}
+	line, _, err := sandbox.WaitForLine(out, len(sandbox.Lines(out)), 30*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		return err == nil && tk.FileMark != "" && tk.FileMark != "0"
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, _ := sandbox.ParseTick(line)
+	return tk.FileMark
+}
+
+func lastTick(t *testing.T, out string) sandbox.Tick {
+	t.Helper()
+	lines := sandbox.Lines(out)
+	tk, err := sandbox.ParseTick(lines[len(lines)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+// dirSums returns a digest of every file in dir, reading only data extents
+// (snapshots are sparse files of 1 GiB and more).
+func dirSums(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	sums := map[string]string{}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		st, _ := f.Stat()
+		fmt.Fprintf(h, "size=%d\n", st.Size())
+		buf := make([]byte, 1<<20)
+		for off := int64(0); off < st.Size(); {
+			data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+			if err != nil {
+				break
+			}
+			hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for p := data; p < hole; {
+				n, err := f.ReadAt(buf[:min(int64(len(buf)), hole-p)], p)
+				fmt.Fprintf(h, "@%d", p)
+				h.Write(buf[:n])
+				p += int64(n)
+				if err != nil {
+					break
+				}
+			}
+			off = hole
+		}
+		f.Close()
+		sums[e.Name()] = fmt.Sprintf("%x", h.Sum(nil))
+	}
+	return sums
+}
+
+// TestFilestoreParkFanOutLineage parks a sandbox with a 64 MiB writable
+// layer without copying the layer into the image, fans it out into
+// write-isolated clones that adopt reflink copies of the snapshot, and parks
+// a clone again for a further generation. The snapshot never changes.
+func TestFilestoreParkFanOutLineage(t *testing.T) {
+	const fileMiB = 64
+	e := newLayerEnv(t, fileMiB)
+	srcOut := e.start(t, "source")
+	srcMark := e.fileMark(t, "source", srcOut)
+
+	image, snap := e.park(t, "source", "gen1")
+	e.r.Destroy("source")
+	last := lastTick(t, srcOut)
+	var m struct {
+		Version    int
+		Filestores []struct {
+			File         string `json:"file"`
+			ResourcePath string `json:"resource_path"`
+			SizeBytes    uint64 `json:"size_bytes"`
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(snap, "filestores.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 || len(m.Filestores) != 1 || m.Filestores[0].ResourcePath != "/" {
+		t.Fatalf("filestores.json: %s (%v)", b, err)
+	}
+	// The layer is not in the image: pages.img holds the memory only.
+	if st, err := os.Stat(filepath.Join(image, "pages.img")); err != nil || st.Size() >= int64(fileMiB)<<20+64<<20 {
+		t.Errorf("pages.img: %v, %d bytes; the layer should not be in it", err, st.Size())
+	}
+	snapSums := dirSums(t, snap)
+
+	// Fan out: each clone starts with the source's layer and mark, and its
+	// own writes stay its own.
+	const clones = 3
+	outs := make([]string, clones)
+	marks := map[string]bool{srcMark: true}
+	cloneMark := make([]string, clones)
+	for i := range outs {
+		id := fmt.Sprintf("clone%d", i)
+		out, first := e.adopt(t, id, image, snap)
+		if first.N != last.N+1 || first.FileMark != srcMark {
+			t.Fatalf("%s: first tick %d filemark %s; want %d and the source's %s", id, first.N, first.FileMark, last.N+1, srcMark)
+		}
+		outs[i] = out
+		fullCheck(t, out, fileMiB)
+	}
+	for i, out := range outs {
+		mk := e.fileMark(t, fmt.Sprintf("clone%d", i), out)
+		if marks[mk] {
+			t.Fatalf("clone %d's layer mark %s is not its own", i, mk)
+		}
+		marks[mk] = true
+		cloneMark[i] = mk
+	}
+	for i, out := range outs {
+		if tk := fullCheck(t, out, fileMiB); tk.FileMark != cloneMark[i] {
+			t.Errorf("clone %d: layer mark %s, want its own %s", i, tk.FileMark, cloneMark[i])
+		}
+	}
+
+	// Lineage: clone 0 parked again and fanned out, then once more.
+	image2, snap2 := e.park(t, "clone0", "gen2")
+	e.r.Destroy("clone0")
+	for _, id := range []string{"gen2a", "gen2b"} {
+		out, first := e.adopt(t, id, image2, snap2)
+		if first.FileMark != cloneMark[0] {
+			t.Errorf("%s: layer mark %s, want clone0's %s", id, first.FileMark, cloneMark[0])
+		}
+		fullCheck(t, out, fileMiB)
+	}
+	image3, snap3 := e.park(t, "gen2a", "gen3")
+	e.r.Destroy("gen2a")
+	out, first := e.adopt(t, "gen3", image3, snap3)
+	if first.FileMark != cloneMark[0] {
+		t.Errorf("gen3: layer mark %s, want %s", first.FileMark, cloneMark[0])
+	}
+	fullCheck(t, out, fileMiB)
+
+	if got := dirSums(t, snap); fmt.Sprint(got) != fmt.Sprint(snapSums) {
+		t.Errorf("the first snapshot changed:\nbefore %v\nafter  %v", snapSums, got)
+	}
+}
+
+// TestFilestoreRefusals checks every refusal: each gives its error, starts
+// nothing and leaves the artifacts byte-identical.
+func TestFilestoreRefusals(t *testing.T) {
+	e := newLayerEnv(t, 16)
+	e.start(t, "source")
+	image, snap := e.park(t, "source", "p")
+	e.r.Destroy("source")
+	imageSums, snapSums := dirSums(t, image), dirSums(t, snap)
+
+	variant := func(name string, mutate func(dir string)) string {
+		dir := filepath.Join(e.dir, name)
+		if out, err := exec.Command("cp", "-a", "--reflink=always", snap, dir).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v: %s", err, out)
+		}
+		mutate(dir)
+		return dir
+	}
+	manifest := func(dir string, edit func(m map[string]any)) {
+		path := filepath.Join(dir, "filestores.json")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		edit(m)
+		b, _ = json.Marshal(m)
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noManifest := variant("nomanifest", func(d string) { os.Remove(filepath.Join(d, "filestores.json")) })
+	undersized := variant("undersized", func(d string) { os.Truncate(filepath.Join(d, "filestore-0.img"), 1<<20) })
+	tampered := variant("tampered", func(d string) {
+		f, err := os.OpenFile(filepath.Join(d, "filestore-0.img"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var b [1]byte
+		f.ReadAt(b[:], 0)
+		b[0] ^= 0xff
+		f.WriteAt(b[:], 0)
+	})
+	duplicated := variant("duplicated", func(d string) {
+		manifest(d, func(m map[string]any) {
+			fs := m["filestores"].([]any)
+			m["filestores"] = append(fs, fs[0])
+		})
+	})
+	otherContainer := variant("othercontainer", func(d string) {
+		manifest(d, func(m map[string]any) { m["filestores"].([]any)[0].(map[string]any)["resource_container"] = "someone-else" })
+	})
+	missingEntry := variant("missingentry", func(d string) {
+		manifest(d, func(m map[string]any) { m["filestores"].([]any)[0].(map[string]any)["resource_path"] = "/elsewhere" })
+	})
+	// Copies on the root filesystem (ext4 here), where reflink is impossible.
+	noReflink := filepath.Join(t.TempDir(), "noreflink")
+	if out, err := exec.Command("cp", "-a", "--sparse=always", snap, noReflink).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	var noReflinkFS unix.Statfs_t
+	unix.Statfs(noReflink, &noReflinkFS)
+
+	for _, tc := range []struct {
+		name  string
+		image string
+		flags []string
+		want  string
+	}{
+		{"not adopted", image, nil, "adopt its filestores with --filestore-adopt-dir"},
+		{"manifest missing", image, []string{"--filestore-adopt-dir=" + noManifest}, "filestores.json: no such file"},
+		{"undersized", image, []string{"--filestore-adopt-dir=" + undersized}, "want exactly"},
+		{"fingerprint mismatch", image, []string{"--filestore-adopt-dir=" + tampered}, "does not match its manifest entry"},
+		{"duplicated entry", image, []string{"--filestore-adopt-dir=" + duplicated}, "twice"},
+		{"other container", image, []string{"--filestore-adopt-dir=" + otherContainer}, "belongs to container"},
+		{"entry missing for the layer", image, []string{"--filestore-adopt-dir=" + missingEntry}, `has no filestore for "/"`},
+		{"no reflink", image, []string{"--filestore-adopt-dir=" + noReflink}, "reflink"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "no reflink" && noReflinkFS.Type == unix.XFS_SUPER_MAGIC {
+				t.Skip("the temporary directory supports reflink")
+			}
+			id := "refused-" + strings.ReplaceAll(tc.name, " ", "-")
+			err := e.r.Restore(e.bundle, id, tc.image, filepath.Join(e.dir, id+".out"), tc.flags...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("restore: got %v, want an error containing %q", err, tc.want)
+			}
+			if out, _ := e.r.Exec("list", "-quiet"); strings.Contains(out, id) {
+				t.Errorf("refused restore left container %s behind", id)
+			}
+		})
+	}
+	// --filestore-adopt-dir for a checkpoint that holds its pages.
+	e.start(t, "plain")
+	plainImage := filepath.Join(e.dir, "plain-image")
+	if err := e.r.Checkpoint("plain", plainImage); err != nil {
+		t.Fatal(err)
+	}
+	e.r.Destroy("plain")
+	if err := e.r.Restore(e.bundle, "refused-plain", plainImage, filepath.Join(e.dir, "rp.out"), "--filestore-adopt-dir="+snap); err == nil || !strings.Contains(err.Error(), "nothing to adopt") {
+		t.Errorf("adopting into a checkpoint with pages: got %v", err)
+	}
+	// --filestore-snapshot-dir without --skip-filestore-pages.
+	e.start(t, "another")
+	if err := e.r.Checkpoint("another", filepath.Join(e.dir, "x-image"), "--filestore-snapshot-dir="+filepath.Join(e.dir, "x-snap")); err == nil || !strings.Contains(err.Error(), "requires --skip-filestore-pages") {
+		t.Errorf("--filestore-snapshot-dir alone: got %v", err)
+	}
+
+	if got := dirSums(t, image); fmt.Sprint(got) != fmt.Sprint(imageSums) {
+		t.Errorf("image changed by refused restores")
+	}
+	if got := dirSums(t, snap); fmt.Sprint(got) != fmt.Sprint(snapSums) {
+		t.Errorf("snapshot changed by refused restores")
+	}
+	// The untouched snapshot still works.
+	out, _ := e.adopt(t, "good", image, snap)
+	fullCheck(t, out, 16)
+}
+
+// TestFilestoreKilledCheckpoint kills `runsc checkpoint` at several points:
+// the snapshot directory is then either complete and adoptable, or refused.
+func TestFilestoreKilledCheckpoint(t *testing.T) {
+	e := newLayerEnv(t, 16)
+	for i, delay := range []time.Duration{0, 20 * time.Millisecond, 60 * time.Millisecond, 150 * time.Millisecond} {
+		id := fmt.Sprintf("src%d", i)
+		e.start(t, id)
+		image, snap := filepath.Join(e.dir, id+"-image"), filepath.Join(e.dir, id+"-snap")
+		cmd := exec.Command(e.r.Bin, "--root", e.r.Root, "--network=none", "--platform=systrap", "checkpoint", "--image-path", image, "--skip-filestore-pages", "--filestore-snapshot-dir="+snap, id)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(delay)
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		// Let the sentry finish or abandon whatever it was doing.
+		time.Sleep(500 * time.Millisecond)
+		e.r.Destroy(id)
+
+		restoreID := id + "-restored"
+		out := filepath.Join(e.dir, restoreID+".out")
+		err := e.r.Restore(e.bundle, restoreID, image, out, "--filestore-adopt-dir="+snap)
+		if err != nil {
+			t.Logf("killed after %v: restore refused: %v", delay, err)
+			if out, _ := e.r.Exec("list", "-quiet"); strings.Contains(out, restoreID) {
+				t.Errorf("refused restore left %s behind", restoreID)
+			}
+			continue
+		}
+		t.Logf("killed after %v: snapshot complete, restored", delay)
+		fullCheck(t, out, 16)
+		e.r.Destroy(restoreID)
+	}
+}
