@@ -7,6 +7,11 @@
 //	clones256  park a 256 MiB tick workload, restore 8 clones
 //	clones2g   park a 2 GiB tick workload, restore 2 clones
 //	repark     park an unchanged clone again (after clones256)
+//	layers     park and restore a sandbox with a writable layer (--overlay2
+//	           filestore) of 64 MiB, 256 MiB and 1 GiB (-layer-sizes), on a
+//	           loopback XFS; forkvisor keeps the layer out of the image
+//	           (--skip-filestore-pages, --filestore-snapshot-dir) and adopts
+//	           it on restore (--filestore-adopt-dir)
 //
 // Memory is Pss summed over every process of every clone sandbox (sentry,
 // systrap stubs, gofer; each address space once), measured after every clone
@@ -34,7 +39,8 @@ var (
 	upstreamBin = flag.String("upstream", "bin/runsc-upstream", "upstream runsc")
 	forkBin     = flag.String("fork", "bin/runsc", "forkvisor runsc")
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
-	scenarios   = flag.String("scenarios", "clones256,repark,clones2g", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,repark,clones2g,layers", "scenarios to run")
+	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	workDir     = flag.String("work", "", "work directory (default: a new temporary directory, removed afterwards)")
 	jsonOut     = flag.String("json", "bench/out/forkbench.json", "where to write the JSON results")
 )
@@ -57,6 +63,9 @@ type Result struct {
 	SentryPssMiB   float64 `json:"sentry_pss_mib"` // sentries only
 	TotalRssMiB    float64 `json:"total_rss_mib"`
 	PerClonePssMiB float64 `json:"per_clone_pss_mib"`
+
+	LayerMiB      int   `json:"layer_mib,omitempty"`
+	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"` // allocated, exclusive of shared extents not counted
 }
 
 type runtime struct {
@@ -105,6 +114,9 @@ func main() {
 			res, _ := clones(dir, rt, "clones2g", 2048, 2, 4, false)
 			results = append(results, res)
 		}
+	}
+	if want["layers"] {
+		results = append(results, layers(dir, runtimes)...)
 	}
 	printTable(results)
 	if *jsonOut != "" {
@@ -212,20 +224,44 @@ func printTable(results []Result) {
 	fmt.Printf("\n%-10s %-10s %5s %6s %9s %12s %12s %9s %9s %11s %11s %10s\n",
 		"scenario", "runtime", "heap", "clones", "ckpt_ms", "image_MiB", "img-base_MiB", "rst_p50", "rst_max", "total_Pss", "sentry_Pss", "Pss/clone")
 	for _, r := range results {
+		if r.Scenario == "layers" {
+			continue
+		}
 		fmt.Printf("%-10s %-10s %5d %6d %9.0f %12.1f %12.1f %9.0f %9.0f %11.1f %11.1f %10.1f\n",
 			r.Scenario, r.Runtime, r.HeapMiB, r.Clones, r.CheckpointMs, mib(r.ImageBytes), mib(r.ImageBytesNoBas),
 			r.RestoreP50Ms, r.RestoreMaxMs, r.TotalPssMiB, r.SentryPssMiB, r.PerClonePssMiB)
 	}
+	haveLayers := false
+	for _, r := range results {
+		if r.Scenario != "layers" {
+			continue
+		}
+		if !haveLayers {
+			fmt.Printf("\n%-10s %-10s %9s %9s %12s %14s %14s\n", "scenario", "runtime", "layer_MiB", "park_ms", "restore_ms", "image_MiB", "snapshot_MiB")
+			haveLayers = true
+		}
+		fmt.Printf("%-10s %-10s %9d %9.0f %12.0f %14.1f %14.1f\n", r.Scenario, r.Runtime, r.LayerMiB, r.CheckpointMs, r.RestoreP50Ms, mib(r.ImageBytes), mib(r.SnapshotBytes))
+	}
 	// Ratios, forkvisor over upstream.
 	by := map[string]map[string]Result{}
 	for _, r := range results {
-		if by[r.Scenario] == nil {
-			by[r.Scenario] = map[string]Result{}
+		key := r.Scenario
+		if r.Scenario == "layers" {
+			key = fmt.Sprintf("layers%d", r.LayerMiB)
 		}
-		by[r.Scenario][r.Runtime] = r
+		if by[key] == nil {
+			by[key] = map[string]Result{}
+		}
+		by[key][r.Runtime] = r
 	}
 	fmt.Println()
-	for _, s := range []string{"clones256", "clones2g", "repark"} {
+	keys := []string{"clones256", "clones2g", "repark"}
+	for _, r := range results {
+		if r.Scenario == "layers" && r.Runtime == "upstream" {
+			keys = append(keys, fmt.Sprintf("layers%d", r.LayerMiB))
+		}
+	}
+	for _, s := range keys {
 		u, okU := by[s]["upstream"]
 		f, okF := by[s]["forkvisor"]
 		if !okU || !okF {
@@ -233,7 +269,10 @@ func printTable(results []Result) {
 		}
 		line := fmt.Sprintf("%-10s forkvisor/upstream: checkpoint %.2fx, image %.3fx", s, f.CheckpointMs/u.CheckpointMs, float64(f.ImageBytes)/float64(u.ImageBytes))
 		if u.TotalPssMiB > 0 {
-			line += fmt.Sprintf(", total Pss %.2fx, restore p50 %.2fx", f.TotalPssMiB/u.TotalPssMiB, f.RestoreP50Ms/u.RestoreP50Ms)
+			line += fmt.Sprintf(", total Pss %.2fx", f.TotalPssMiB/u.TotalPssMiB)
+		}
+		if u.RestoreP50Ms > 0 {
+			line += fmt.Sprintf(", restore p50 %.2fx", f.RestoreP50Ms/u.RestoreP50Ms)
 		}
 		fmt.Println(line)
 	}
@@ -241,6 +280,16 @@ func printTable(results []Result) {
 		if b, okB := by["clones2g"]["forkvisor"]; okB {
 			fmt.Printf("forkvisor restore p50, 2 GiB over 256 MiB: %.2fx\n", b.RestoreP50Ms/a.RestoreP50Ms)
 		}
+	}
+	var fl []Result
+	for _, r := range results {
+		if r.Scenario == "layers" && r.Runtime == "forkvisor" {
+			fl = append(fl, r)
+		}
+	}
+	if len(fl) >= 2 {
+		lo, hi := fl[0], fl[len(fl)-1]
+		fmt.Printf("forkvisor layers %d MiB over %d MiB: park %.2fx, restore %.2fx\n", hi.LayerMiB, lo.LayerMiB, hi.CheckpointMs/lo.CheckpointMs, hi.RestoreP50Ms/lo.RestoreP50Ms)
 	}
 }
 

@@ -326,7 +326,9 @@ func TestFilestoreRefusals(t *testing.T) {
 		})
 	})
 	otherContainer := variant("othercontainer", func(d string) {
-		manifest(d, func(m map[string]any) { m["filestores"].([]any)[0].(map[string]any)["resource_container"] = "someone-else" })
+		manifest(d, func(m map[string]any) {
+			m["filestores"].([]any)[0].(map[string]any)["resource_container"] = "someone-else"
+		})
 	})
 	missingEntry := variant("missingentry", func(d string) {
 		manifest(d, func(m map[string]any) { m["filestores"].([]any)[0].(map[string]any)["resource_path"] = "/elsewhere" })

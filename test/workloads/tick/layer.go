@@ -15,6 +15,7 @@ type layerFile struct {
 	next   int64
 	bad    bool
 	marked bool
+	buf    []byte
 }
 
 const pageSize = 4096
@@ -66,7 +67,10 @@ func (lf *layerFile) readWord(off int64) uint64 {
 
 // checkSome checks n bytes of the file (skipping the mark page).
 func (lf *layerFile) checkSome(n int) {
-	buf := make([]byte, min(int64(n), lf.size))
+	if int64(len(lf.buf)) != min(int64(n), lf.size) {
+		lf.buf = make([]byte, min(int64(n), lf.size))
+	}
+	buf := lf.buf
 	if _, err := lf.f.ReadAt(buf, lf.next); err != nil && lf.next+int64(len(buf)) <= lf.size {
 		lf.bad = true
 		return
@@ -113,4 +117,3 @@ func (lf *layerFile) status() string {
 	}
 	return "ok"
 }
-

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+	"github.com/forkvisor/forkvisor/internal/xfs"
+)
+
+// layers parks and restores a sandbox with a writable layer of each size,
+// with both runtimes, on one loopback XFS.
+func layers(dir string, runtimes []runtime) []Result {
+	if why := xfs.Available(); why != "" {
+		fmt.Fprintf(os.Stderr, "forkbench: skipping layers: %s\n", why)
+		return nil
+	}
+	var sizes []int
+	total := 0
+	for _, f := range strings.Split(*layerSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		must(err)
+		sizes = append(sizes, n)
+		total += n
+	}
+	fs, err := xfs.Mount(filepath.Join(dir, "xfs"), int64(4*total+4096)<<20)
+	must(err)
+	cleanups = append(cleanups, fs.Unmount)
+	defer fs.Unmount()
+
+	var results []Result
+	for _, mib := range sizes {
+		for _, rt := range runtimes {
+			results = append(results, layer(fs.Dir, rt, mib))
+		}
+	}
+	return results
+}
+
+func layer(dir string, rt runtime, layerMiB int) Result {
+	base := filepath.Join(dir, fmt.Sprintf("layer%d-%s", layerMiB, rt.name))
+	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root")}
+	cleanups = append(cleanups, r.Cleanup)
+	defer r.Cleanup()
+	bundle := filepath.Join(base, "bundle")
+	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", "1", "-interval", "50ms", "-file", "/layer.bin", "-file-mib", fmt.Sprint(layerMiB)))
+	out := filepath.Join(base, "source.out")
+	must(r.Run(bundle, "source", out))
+	_, _, err := sandbox.WaitForLine(out, 0, 300*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		return err == nil && tk.N >= 2 && tk.File == "ok"
+	})
+	must(err)
+
+	res := Result{Scenario: "layers", Runtime: rt.name, HeapMiB: 1, Clones: 1, LayerMiB: layerMiB}
+	// Park a layer that is on disk, as a layer written more than a few
+	// seconds before parking is (dirty pages are written back after 30 s by
+	// default): flush the filesystem first, for both runtimes. Otherwise
+	// FICLONE first writes back whatever the workload just wrote.
+	syncFS(dir)
+	image := filepath.Join(base, "image")
+	snap := filepath.Join(base, "snap")
+	var ckptFlags, restoreFlags []string
+	if rt.fork {
+		ckptFlags = []string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}
+		restoreFlags = []string{"--filestore-adopt-dir=" + snap}
+	}
+	start := time.Now()
+	must(r.Checkpoint("source", image, ckptFlags...))
+	res.CheckpointMs = ms(time.Since(start))
+	r.Destroy("source")
+	res.ImageBytes, _ = diskUsage(image)
+	res.ImageBytesNoBas = res.ImageBytes
+	if rt.fork {
+		res.SnapshotBytes, _ = diskUsage(snap)
+	}
+
+	cloneOut := filepath.Join(base, "clone.out")
+	start = time.Now()
+	must(r.Restore(bundle, "clone", image, cloneOut, restoreFlags...))
+	_, _, err = sandbox.WaitForLineEvery(cloneOut, 0, 300*time.Second, time.Millisecond, sandbox.IsTick)
+	must(err)
+	res.RestoreMs = []float64{ms(time.Since(start))}
+	res.RestoreP50Ms, res.RestoreMaxMs = res.RestoreMs[0], res.RestoreMs[0]
+	// The restored layer must be intact: wait for a full pass over it.
+	first, _, _ := sandbox.WaitForLine(cloneOut, 0, 10*time.Second, sandbox.IsTick)
+	ft, _ := sandbox.ParseTick(first)
+	line, _, err := sandbox.WaitForLine(cloneOut, 0, 600*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		return err == nil && (tk.N >= ft.N+layerMiB/4+2 || tk.File == "BAD")
+	})
+	must(err)
+	if tk, _ := sandbox.ParseTick(line); tk.File != "ok" {
+		fatalf("%s layer %d MiB: restored layer corrupt: %s", rt.name, layerMiB, line)
+	}
+	r.Destroy("clone")
+	return res
+}
+
+// syncFS flushes the filesystem that holds dir.
+func syncFS(dir string) {
+	f, err := os.Open(dir)
+	must(err)
+	defer f.Close()
+	must(unix.Syncfs(int(f.Fd())))
+}
