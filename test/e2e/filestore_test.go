@@ -431,3 +431,33 @@ func TestFilestoreKilledCheckpoint(t *testing.T) {
 		e.r.Destroy(restoreID)
 	}
 }
+
+// TestFilestoreWithSharedBase parks a sandbox with a memory base and a
+// writable layer in one checkpoint command and fans it out: memory from the
+// shared base, the layer adopted from the snapshot.
+func TestFilestoreWithSharedBase(t *testing.T) {
+	e := newLayerEnv(t, 32)
+	srcOut := e.start(t, "source")
+	srcMark := e.fileMark(t, "source", srcOut)
+	image, snap := filepath.Join(e.dir, "image"), filepath.Join(e.dir, "snap")
+	if err := e.r.Checkpoint("source", image, "--shared-base", "--skip-filestore-pages", "--filestore-snapshot-dir="+snap); err != nil {
+		t.Fatal(err)
+	}
+	e.r.Destroy("source")
+	last := lastTick(t, srcOut)
+	for _, name := range []string{"base.img", "base.json", "filestores-external.json"} {
+		if _, err := os.Stat(filepath.Join(image, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, err := os.Stat(filepath.Join(image, "pages.img")); err != nil || st.Size() > 8<<20 {
+		t.Errorf("pages.img: %v (%d bytes); want neither memory nor layer in it", err, st.Size())
+	}
+	for _, id := range []string{"clone0", "clone1"} {
+		out, first := e.adopt(t, id, image, snap)
+		if first.N != last.N+1 || first.FileMark != srcMark || !first.OK {
+			t.Fatalf("%s: first tick %+v; want tick %d, heap ok, filemark %s", id, first, last.N+1, srcMark)
+		}
+		fullCheck(t, out, 32)
+	}
+}
