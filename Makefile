@@ -10,9 +10,9 @@ UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvis
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
 FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/platform/kvm/
 
-.PHONY: setup all tree patches check-patches runsc runsc-upstream tick test test-fork test-harness vet demo flatten-table bench clean
+.PHONY: setup all tree patches check-patches runsc runsc-upstream tick shim test test-fork test-harness vet demo flatten-table bench clean
 
-all: runsc runsc-upstream tick
+all: runsc runsc-upstream tick shim
 
 # Machine set-up beyond Go (xfsprogs).
 setup:
@@ -38,6 +38,10 @@ runsc: $(TREE)/go.mod
 
 runsc-upstream:
 	cd "$(UPSTREAM_DIR)" && $(GOBUILD) -o $(CURDIR)/bin/runsc-upstream ./runsc
+
+# The containerd shim, from the patched tree.
+shim: $(TREE)/go.mod
+	cd $(TREE) && $(GOBUILD) -o $(CURDIR)/bin/containerd-shim-runsc-v1 ./shim
 
 # The built-in workload (static).
 tick:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh installs what the tests and benchmarks need beyond Go, on a fresh
-# machine of this kind (Debian, root): xfsprogs for loopback XFS with reflink.
+# machine of this kind (Debian, root): xfsprogs for loopback XFS with reflink,
+# and containerd 1.7 under build/containerd (tools/containerd.sh).
 set -euo pipefail
 if ! command -v mkfs.xfs >/dev/null 2>&1; then
 	if [ "$(id -u)" != 0 ]; then
@@ -12,3 +13,7 @@ if ! command -v mkfs.xfs >/dev/null 2>&1; then
 	apt-get install -y -q xfsprogs >/dev/null
 fi
 echo "setup.sh: mkfs.xfs at $(command -v mkfs.xfs)"
+# containerd 1.7 for the shim tests (under build/, not installed).
+if [ "$(id -u)" = 0 ]; then
+	"$(dirname "$0")/containerd.sh" || echo "setup.sh: could not fetch containerd 1.7; the containerd tests will skip" >&2
+fi

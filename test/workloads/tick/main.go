@@ -19,6 +19,8 @@
 //	          prints "forkchild sum=ok|BAD mark=HEX", then exits
 //	scribble  write every second page of the heap (same values), the
 //	          worst case for copy-on-write sharing
+//	dump      also write the next status line to /tmp/dump (read it back
+//	          with `tick -cat /tmp/dump`)
 package main
 
 import (
@@ -47,11 +49,26 @@ func main() {
 	interval := flag.Duration("interval", 100*time.Millisecond, "tick interval")
 	ctl := flag.String("ctl", "/tmp/ctl", "command file")
 	send := flag.String("send", "", "write this command to the command file and exit")
+	cat := flag.String("cat", "", "print this file and exit (the image has no cat)")
+	exit := flag.Int("exit", -1, "if >= 0, print one line and exit with this status at once")
 	checkMiB := flag.Int("check-mib", 4, "MiB of the heap checked per tick")
 	filePath := flag.String("file", "", "if set, a file in the writable layer: written with a pattern at start (unless it exists), then checked like the heap")
 	fileMiB := flag.Int("file-mib", 16, "size of -file in MiB")
 	flag.Parse()
 
+	if *exit >= 0 {
+		fmt.Printf("exiting %d\n", *exit)
+		os.Exit(*exit)
+	}
+	if *cat != "" {
+		b, err := os.ReadFile(*cat)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Stdout.Write(b)
+		return
+	}
 	if *send != "" {
 		tmp := *ctl + ".tmp"
 		if err := os.WriteFile(tmp, []byte(*send), 0o644); err != nil {
@@ -95,6 +112,7 @@ func main() {
 	wordsPerTick := *checkMiB << 20 / 8
 	next := 0
 	bad := false
+	dump := false
 	for tick := 0; ; tick++ {
 		if cmd, err := os.ReadFile(*ctl); err == nil {
 			os.Remove(*ctl)
@@ -123,6 +141,10 @@ func main() {
 				if err := lf.mark(); err != nil {
 					fmt.Printf("filemark failed: %v\n", err)
 				}
+			case "dump":
+				// The next status line also goes to /tmp/dump, for callers
+				// that cannot see the workload's output.
+				dump = true
 			case "scribble":
 				for i := 0; i < words; i += 2 * wordsPerPage {
 					atomic.AddUint64(&heap[i], 0)
@@ -140,10 +162,16 @@ func main() {
 		if marked {
 			mark = heap[markIdx]
 		}
+		line := fmt.Sprintf("tick=%d mib=%d sum=%s mark=%x", tick, *mib, sum, mark)
 		if lf != nil {
-			fmt.Printf("tick=%d mib=%d sum=%s mark=%x file=%s filemark=%x\n", tick, *mib, sum, mark, lf.status(), lf.markValue())
-		} else {
-			fmt.Printf("tick=%d mib=%d sum=%s mark=%x\n", tick, *mib, sum, mark)
+			line += fmt.Sprintf(" file=%s filemark=%x", lf.status(), lf.markValue())
+		}
+		fmt.Println(line)
+		if dump {
+			dump = false
+			if err := os.WriteFile("/tmp/dump.tmp", []byte(line+"\n"), 0o644); err == nil {
+				os.Rename("/tmp/dump.tmp", "/tmp/dump")
+			}
 		}
 		// Check after printing, so that the time to the first line after a
 		// restore does not depend on how much is checked per tick; a bad

@@ -1,0 +1,152 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/ctrd"
+	"github.com/forkvisor/forkvisor/internal/ociimage"
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+const tickImage = "forkvisor.local/tick:test"
+
+// startContainerd starts a private containerd with the fork's shim and
+// imports the tick workload image.
+func startContainerd(t *testing.T) *ctrd.Containerd {
+	t.Helper()
+	binary(t, "runsc")
+	binary(t, "containerd-shim-runsc-v1")
+	ctrdBin := filepath.Join(repoRoot, "build", "containerd", "usr", "bin")
+	if _, err := os.Stat(filepath.Join(ctrdBin, "containerd")); err != nil {
+		t.Skipf("containerd 1.7 not fetched (tools/containerd.sh, run by `make test`): %v", err)
+	}
+	dir := t.TempDir()
+	c, err := ctrd.Start(dir, ctrdBin, filepath.Join(repoRoot, "bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	image := filepath.Join(dir, "tick.tar")
+	f, err := os.Create(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ociimage.Write(f, tickImage, tickBin, "-mib", "8", "-interval", "50ms"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if out, err := c.Ctr("images", "import", image); err != nil {
+		t.Fatalf("ctr images import: %v: %s", err, out)
+	}
+	return c
+}
+
+// ctr runs ctr and fails the test on error.
+func ctr(t *testing.T, c *ctrd.Containerd, args ...string) string {
+	t.Helper()
+	out, err := c.Ctr(args...)
+	if err != nil {
+		t.Fatalf("ctr %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// dump returns the tick line that container id writes on request.
+func dump(t *testing.T, c *ctrd.Containerd, id string) sandbox.Tick {
+	t.Helper()
+	ctr(t, c, "tasks", "exec", "--exec-id", fmt.Sprintf("send%d", time.Now().UnixNano()), id, "/workload", "-send", "dump")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := c.Ctr("tasks", "exec", "--exec-id", fmt.Sprintf("cat%d", time.Now().UnixNano()), id, "/workload", "-cat", "/tmp/dump")
+		if err == nil {
+			if tk, err := sandbox.ParseTick(strings.TrimSpace(out)); err == nil {
+				return tk
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no dump from %s: %v: %s", id, err, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestContainerdLifecycle runs the fork's shim on a real containerd 1.7:
+// run with output and exit code, short-lived containers (10 of 10 report
+// their status), exec with exit code, pause/resume, ps, kill.
+func TestContainerdLifecycle(t *testing.T) {
+	c := startContainerd(t)
+	run := append([]string{"run", "--rm"}, c.RunArgs()...)
+
+	for i := 0; i < 10; i++ {
+		code := i % 4
+		cmd := c.CtrCommand(append(run, tickImage, fmt.Sprintf("short%d", i), "/workload", "-exit", fmt.Sprint(code))...)
+		out, err := cmd.CombinedOutput()
+		if got := ctrd.ExitCode(err); got != code || !strings.Contains(string(out), fmt.Sprintf("exiting %d", code)) {
+			t.Errorf("short-lived container %d: exit %d, output %q; want exit %d and its line", i, got, out, code)
+		}
+	}
+
+	ctr(t, c, append(append([]string{"run", "-d"}, c.RunArgs()...), tickImage, "long")...)
+	first := dump(t, c, "long")
+	out, err := c.Ctr("tasks", "exec", "--exec-id", "e9", "long", "/workload", "-exit", "9")
+	if got := ctrd.ExitCode(err); got != 9 || !strings.Contains(out, "exiting 9") {
+		t.Errorf("exec: exit %d, output %q; want 9", got, out)
+	}
+	if out := ctr(t, c, "tasks", "ps", "long"); !strings.Contains(out, "PID") {
+		t.Errorf("ctr tasks ps: %q", out)
+	}
+	ctr(t, c, "tasks", "pause", "long")
+	if out := ctr(t, c, "tasks", "ls"); !strings.Contains(out, "PAUSED") {
+		t.Errorf("after pause: %q", out)
+	}
+	ctr(t, c, "tasks", "resume", "long")
+	if later := dump(t, c, "long"); later.N <= first.N || !later.OK {
+		t.Errorf("after resume: tick %d (was %d), ok=%t", later.N, first.N, later.OK)
+	}
+	ctr(t, c, "tasks", "kill", "-s", "KILL", "long")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out := ctr(t, c, "tasks", "ls")
+		if strings.Contains(out, "STOPPED") || !strings.Contains(out, "long") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task not stopped after kill: %q", out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ctr(t, c, "tasks", "rm", "long")
+	ctr(t, c, "containers", "rm", "long")
+}
+
+// TestContainerdCheckpointRestore checkpoints a task through containerd
+// (ctr containers checkpoint --task) and starts a new container from it
+// (ctr containers restore --live): the workload's tick counter continues and
+// its memory (a random mark) is intact.
+func TestContainerdCheckpointRestore(t *testing.T) {
+	c := startContainerd(t)
+	ctr(t, c, append(append([]string{"run", "-d"}, c.RunArgs()...), tickImage, "src")...)
+	ctr(t, c, "tasks", "exec", "--exec-id", "mark", "src", "/workload", "-send", "mark")
+	var before sandbox.Tick
+	for i := 0; i < 50; i++ {
+		if before = dump(t, c, "src"); before.Mark != "0" {
+			break
+		}
+	}
+	if before.Mark == "0" {
+		t.Fatal("the mark did not take")
+	}
+	ctr(t, c, "containers", "checkpoint", "--task", "src", "forkvisor.local/checkpoint:src")
+	ctr(t, c, "tasks", "kill", "-s", "KILL", "src")
+
+	ctr(t, c, "containers", "restore", "--live", "restored", "forkvisor.local/checkpoint:src")
+	after := dump(t, c, "restored")
+	if after.Mark != before.Mark || after.N <= before.N || !after.OK {
+		t.Errorf("restored task: %+v; want mark %s, tick after %d, heap ok", after, before.Mark, before.N)
+	}
+}
