@@ -380,8 +380,13 @@ func TestFilestoreRefusals(t *testing.T) {
 	if err := e.r.Restore(e.bundle, "refused-plain", plainImage, filepath.Join(e.dir, "rp.out"), "--filestore-adopt-dir="+snap); err == nil || !strings.Contains(err.Error(), "nothing to adopt") {
 		t.Errorf("adopting into a checkpoint with pages: got %v", err)
 	}
-	// --filestore-snapshot-dir without --skip-filestore-pages.
+	// --filestore-snapshot-dir without --skip-filestore-pages, and the
+	// reverse (filestores do not outlive the sandbox, so an image without
+	// their pages needs a snapshot).
 	e.start(t, "another")
+	if err := e.r.Checkpoint("another", filepath.Join(e.dir, "y-image"), "--skip-filestore-pages"); err == nil || !strings.Contains(err.Error(), "requires --filestore-snapshot-dir") {
+		t.Errorf("--skip-filestore-pages alone: got %v", err)
+	}
 	if err := e.r.Checkpoint("another", filepath.Join(e.dir, "x-image"), "--filestore-snapshot-dir="+filepath.Join(e.dir, "x-snap")); err == nil || !strings.Contains(err.Error(), "requires --skip-filestore-pages") {
 		t.Errorf("--filestore-snapshot-dir alone: got %v", err)
 	}

@@ -127,6 +127,10 @@ func TestSharedBaseClones(t *testing.T) {
 	if st, _ := os.Stat(filepath.Join(p.image, "pages.img")); st == nil || st.Size() > 16<<20 {
 		t.Fatalf("pages.img should hold only the delta against the base; stat: %v", st)
 	}
+	// The published base is read-only: a new inode the sentry never held.
+	if st, err := os.Stat(filepath.Join(p.image, "base.img")); err != nil || st.Mode().Perm()&0o222 != 0 {
+		t.Errorf("base.img: %v, mode %v; want read-only", err, st.Mode())
+	}
 
 	outs := make([]string, clones)
 	for i := range outs {
@@ -190,6 +194,16 @@ func TestSharedBaseClones(t *testing.T) {
 	}
 	lines := sandbox.Lines(outs[1])
 	last, _ := sandbox.ParseTick(lines[len(lines)-1])
+
+	// A clone cannot be saved into a single compressed file: the refusal
+	// comes before the sandbox is paused, and the clone keeps running.
+	if err := p.r.Checkpoint("c3", filepath.Join(p.dir, "compressed"), "--compression=flate-best-speed"); err == nil || !strings.Contains(err.Error(), "--compression=none") {
+		t.Errorf("compressed checkpoint of a clone: got %v, want a refusal", err)
+	}
+	n := len(sandbox.Lines(outs[3]))
+	if _, _, err := sandbox.WaitForLine(outs[3], n, 10*time.Second, sandbox.IsTick); err != nil {
+		t.Errorf("clone 3 stopped after a refused checkpoint: %v", err)
+	}
 
 	// Without naming the base, the restore is refused before it starts.
 	if err := p.r.Restore(p.bundle, "c1again", image2, filepath.Join(p.dir, "refused.out")); err == nil || !strings.Contains(err.Error(), "--shared-base") {
