@@ -29,7 +29,7 @@ func layers(dir string, runtimes []runtime) []Result {
 		sizes = append(sizes, n)
 		total += n
 	}
-	fs, err := xfs.Mount(filepath.Join(dir, "xfs"), int64(4*total+4096)<<20)
+	fs, err := xfs.Mount(filepath.Join(dir, "xfs"), int64(4*total*(*layerRepeat)+4096)<<20)
 	must(err)
 	cleanups = append(cleanups, fs.Unmount)
 	defer fs.Unmount()
@@ -37,7 +37,23 @@ func layers(dir string, runtimes []runtime) []Result {
 	var results []Result
 	for _, mib := range sizes {
 		for _, rt := range runtimes {
-			results = append(results, layer(fs.Dir, rt, mib))
+			// Park and restore are tens of milliseconds for forkvisor:
+			// report medians over repeats on this shared machine.
+			var runs []Result
+			for i := 0; i < *layerRepeat; i++ {
+				runs = append(runs, layer(filepath.Join(fs.Dir, fmt.Sprint(i)), rt, mib))
+			}
+			res := runs[len(runs)-1]
+			var park, restore []float64
+			for _, r := range runs {
+				park = append(park, r.CheckpointMs)
+				restore = append(restore, r.RestoreP50Ms)
+			}
+			res.CheckpointMs = median(park)
+			res.RestoreMs = restore
+			res.RestoreP50Ms, res.RestoreMaxMs = median(restore), maxOf(restore)
+			res.Repeats = len(runs)
+			results = append(results, res)
 		}
 	}
 	return results

@@ -41,6 +41,7 @@ var (
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
 	scenarios   = flag.String("scenarios", "clones256,repark,clones2g,layers", "scenarios to run")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
+	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
 	workDir     = flag.String("work", "", "work directory (default: a new temporary directory, removed afterwards)")
 	jsonOut     = flag.String("json", "bench/out/forkbench.json", "where to write the JSON results")
 )
@@ -65,6 +66,7 @@ type Result struct {
 	PerClonePssMiB float64 `json:"per_clone_pss_mib"`
 
 	LayerMiB      int   `json:"layer_mib,omitempty"`
+	Repeats       int   `json:"repeats,omitempty"`        // park_ms and restore p50 are medians over this many runs
 	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"` // allocated, exclusive of shared extents not counted
 }
 

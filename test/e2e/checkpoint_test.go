@@ -16,25 +16,8 @@ import (
 func TestCheckpointRestoreWithoutBase(t *testing.T) {
 	for _, name := range []string{"runsc-upstream", "runsc"} {
 		t.Run(name, func(t *testing.T) {
-			bin := binary(t, name)
-			dir := t.TempDir()
-			r := &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}
-			t.Cleanup(r.Cleanup)
-
-			bundle := filepath.Join(dir, "bundle")
-			if err := sandbox.NewBundle(bundle, tickBin, "-mib", "32", "-interval", "50ms"); err != nil {
-				t.Fatal(err)
-			}
-			srcOut := filepath.Join(dir, "source.out")
-			if err := r.Run(bundle, "source", srcOut); err != nil {
-				t.Fatal(err)
-			}
-			if _, _, err := sandbox.WaitForLine(srcOut, 0, 30*time.Second, func(l string) bool {
-				tk, err := sandbox.ParseTick(l)
-				return err == nil && tk.N >= 3
-			}); err != nil {
-				t.Fatal(err)
-			}
+			src := startSource(t, name, 32)
+			r, dir, bundle, srcOut := src.r, src.dir, src.bundle, src.out
 
 			image := filepath.Join(dir, "image")
 			if err := r.Checkpoint("source", image); err != nil {

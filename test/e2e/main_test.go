@@ -10,6 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
 var (
@@ -54,4 +57,37 @@ func binary(t *testing.T, name string) string {
 		t.Skipf("%s not built (run `make`): %v", p, err)
 	}
 	return p
+}
+
+// source is a tick workload running in a sandbox of its own runsc root.
+type source struct {
+	r      *sandbox.Runsc
+	dir    string
+	bundle string
+	out    string
+}
+
+// startSource runs the tick workload (heap of mib MiB, 50 ms ticks) as
+// container "source" with the runsc binary name, and waits for tick 3.
+func startSource(t *testing.T, name string, mib int) *source {
+	t.Helper()
+	bin := binary(t, name)
+	dir := t.TempDir()
+	s := &source{r: &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}, dir: dir}
+	t.Cleanup(s.r.Cleanup)
+	s.bundle = filepath.Join(dir, "bundle")
+	if err := sandbox.NewBundle(s.bundle, tickBin, "-mib", fmt.Sprint(mib), "-interval", "50ms"); err != nil {
+		t.Fatal(err)
+	}
+	s.out = filepath.Join(dir, "source.out")
+	if err := s.r.Run(s.bundle, "source", s.out); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := sandbox.WaitForLine(s.out, 0, 60*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		return err == nil && tk.N >= 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -27,24 +27,8 @@ type parked struct {
 // tick, and checkpoints it with --shared-base.
 func parkSource(t *testing.T, mib int) *parked {
 	t.Helper()
-	bin := binary(t, "runsc")
-	dir := t.TempDir()
-	r := &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}
-	t.Cleanup(r.Cleanup)
-	bundle := filepath.Join(dir, "bundle")
-	if err := sandbox.NewBundle(bundle, tickBin, "-mib", fmt.Sprint(mib), "-interval", "50ms"); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "source.out")
-	if err := r.Run(bundle, "source", out); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := sandbox.WaitForLine(out, 0, 60*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		return err == nil && tk.N >= 3
-	}); err != nil {
-		t.Fatal(err)
-	}
+	src := startSource(t, "runsc", mib)
+	r, dir, bundle, out := src.r, src.dir, src.bundle, src.out
 	image := filepath.Join(dir, "image")
 	if err := r.Checkpoint("source", image, "--shared-base"); err != nil {
 		t.Fatal(err)
@@ -328,21 +312,8 @@ func fileSum(t *testing.T, path string) [32]byte {
 // running, and a clone restored from the image continues from the
 // checkpoint.
 func TestSharedBaseLeaveRunning(t *testing.T) {
-	bin := binary(t, "runsc")
-	dir := t.TempDir()
-	r := &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}
-	t.Cleanup(r.Cleanup)
-	bundle := filepath.Join(dir, "bundle")
-	if err := sandbox.NewBundle(bundle, tickBin, "-mib", "32", "-interval", "50ms"); err != nil {
-		t.Fatal(err)
-	}
-	srcOut := filepath.Join(dir, "source.out")
-	if err := r.Run(bundle, "source", srcOut); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := sandbox.WaitForLine(srcOut, 0, 30*time.Second, sandbox.IsTick); err != nil {
-		t.Fatal(err)
-	}
+	src := startSource(t, "runsc", 32)
+	r, dir, bundle, srcOut := src.r, src.dir, src.bundle, src.out
 
 	// A combination that cannot work is refused, and the source is unharmed.
 	if err := r.Checkpoint("source", filepath.Join(dir, "compressed"), "--shared-base", "--compression=flate-best-speed"); err == nil || !strings.Contains(err.Error(), "--shared-base requires --compression=none") {
