@@ -204,8 +204,15 @@ func UnmountUnder(dir string) {
 }
 
 // NewBundle creates an OCI bundle in dir whose root filesystem holds the
-// static binary bin as /workload, running /workload with args.
+// static binary bin as /workload, running /workload with args, with the Go
+// garbage collector off (the tick workload's heap then never moves or
+// shrinks between checkpoints).
 func NewBundle(dir, bin string, args ...string) error {
+	return NewBundleEnv(dir, bin, []string{"PATH=/", "GOGC=off"}, args...)
+}
+
+// NewBundleEnv is NewBundle with the process environment env.
+func NewBundleEnv(dir, bin string, env []string, args ...string) error {
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return err
@@ -223,7 +230,7 @@ func NewBundle(dir, bin string, args ...string) error {
 			"terminal": false,
 			"user":     map[string]any{"uid": 0, "gid": 0},
 			"args":     append([]string{"/workload"}, args...),
-			"env":      []string{"PATH=/", "GOGC=off"},
+			"env":      env,
 			"cwd":      "/",
 		},
 		"root":     map[string]any{"path": "rootfs", "readonly": false},
