@@ -17,9 +17,6 @@ import (
 // Usage is the memory of a set of processes, in KiB.
 type Usage struct {
 	Rss, Pss, PrivateDirty uint64
-	// Processes is the number of processes and AddressSpaces the number of
-	// distinct address spaces summed.
-	Processes, AddressSpaces int
 }
 
 // Add adds o to u.
@@ -27,8 +24,6 @@ func (u *Usage) Add(o Usage) {
 	u.Rss += o.Rss
 	u.Pss += o.Pss
 	u.PrivateDirty += o.PrivateDirty
-	u.Processes += o.Processes
-	u.AddressSpaces += o.AddressSpaces
 }
 
 // Rollup reads /proc/PID/smaps_rollup.
@@ -58,7 +53,6 @@ func Rollup(pid int) (Usage, error) {
 			u.PrivateDirty = v
 		}
 	}
-	u.Processes, u.AddressSpaces = 1, 1
 	return u, s.Err()
 }
 
@@ -121,7 +115,6 @@ func Processes(pids []int) (Usage, error) {
 			}
 		}
 		if dup {
-			total.Processes++
 			continue
 		}
 		u, err := Rollup(pid)
