@@ -34,12 +34,7 @@ func parkSource(t *testing.T, mib int) *parked {
 		t.Fatal(err)
 	}
 	r.Destroy("source")
-	lines := sandbox.Lines(out)
-	last, err := sandbox.ParseTick(lines[len(lines)-1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &parked{r: r, dir: dir, bundle: bundle, image: image, lastTick: last.N}
+	return &parked{r: r, dir: dir, bundle: bundle, image: image, lastTick: lastTick(t, out).N}
 }
 
 // restoreClone restores id from image (extra restore flags allowed), checks
@@ -176,8 +171,7 @@ func TestSharedBaseClones(t *testing.T) {
 	if st, err := os.Stat(filepath.Join(image2, "pages.img")); err != nil || st.Size() > 4<<20 {
 		t.Errorf("re-parked clone's pages.img: %v (%d bytes); want only its own pages", err, st.Size())
 	}
-	lines := sandbox.Lines(outs[1])
-	last, _ := sandbox.ParseTick(lines[len(lines)-1])
+	last := lastTick(t, outs[1])
 
 	// A clone cannot be saved into a single compressed file: the refusal
 	// comes before the sandbox is paused, and the clone keeps running.
