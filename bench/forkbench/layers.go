@@ -94,7 +94,7 @@ func layer(dir string, rt runtime, layerMiB int) Result {
 	res.CheckpointMs = ms(time.Since(start))
 	r.Destroy("source")
 	res.ImageBytes, _ = diskUsage(image)
-	res.ImageBytesNoBas = res.ImageBytes
+	res.ImageBytesNoBase = res.ImageBytes
 	if rt.fork {
 		res.SnapshotBytes, _ = diskUsage(snap)
 	}

@@ -5,6 +5,9 @@
 // Scenarios (-scenarios, comma-separated):
 //
 //	clones256  park a 256 MiB tick workload, restore 8 clones
+//	writer30   the same, but every tick stores into 30% of the heap's pages
+//	           (scattered) before it prints, the first tick after restore too
+//	writer100  the same with 100% of the pages
 //	clones2g   park a 2 GiB tick workload, restore 2 clones
 //	repark     park an unchanged clone again (after clones256)
 //	layers     park and restore a sandbox with a writable layer (--overlay2
@@ -17,7 +20,9 @@
 // systrap stubs, gofer; each address space once), measured after every clone
 // has read its whole heap. Restore latency is the wall time from starting
 // `runsc restore --detach` to the first line the workload prints after
-// restore.
+// restore. Upstream is measured in both of its restore modes (plain, and
+// --background as "upstream-bg"); ratios compare forkvisor with the better
+// of the two. With -repeat N, runtimes alternate within each repetition.
 package main
 
 import (
@@ -39,7 +44,8 @@ var (
 	upstreamBin = flag.String("upstream", "bin/runsc-upstream", "upstream runsc")
 	forkBin     = flag.String("fork", "bin/runsc", "forkvisor runsc")
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
-	scenarios   = flag.String("scenarios", "clones256,repark,clones2g,layers", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,repark,clones2g,layers", "scenarios to run")
+	repeat      = flag.Int("repeat", 1, "runs per clone scenario and runtime, alternating runtimes (medians are reported)")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
 	workDir     = flag.String("work", "", "work directory (default: a new temporary directory, removed afterwards)")
@@ -53,27 +59,50 @@ type Result struct {
 	HeapMiB  int    `json:"heap_mib"`
 	Clones   int    `json:"clones"`
 
-	CheckpointMs    float64   `json:"checkpoint_ms"`
-	ImageBytes      int64     `json:"image_bytes"`         // allocated on disk, all files of the image directory
-	ImageBytesNoBas int64     `json:"image_bytes_no_base"` // the same, without base.img
-	RestoreMs       []float64 `json:"restore_ms"`          // per clone: restore start -> first tick
-	RestoreP50Ms    float64   `json:"restore_p50_ms"`
-	RestoreMaxMs    float64   `json:"restore_max_ms"`
+	CheckpointMs     float64   `json:"checkpoint_ms"`
+	ImageBytes       int64     `json:"image_bytes"`         // allocated on disk, all files of the image directory
+	ImageBytesNoBase int64     `json:"image_bytes_no_base"` // the same, without base.img
+	RestoreMs        []float64 `json:"restore_ms"`          // per clone: restore start -> first tick
+	RestoreP50Ms     float64   `json:"restore_p50_ms"`
+	RestoreMaxMs     float64   `json:"restore_max_ms"`
 
-	TotalPssMiB    float64 `json:"total_pss_mib"`  // all processes of all clones
-	SentryPssMiB   float64 `json:"sentry_pss_mib"` // sentries only
-	TotalRssMiB    float64 `json:"total_rss_mib"`
-	PerClonePssMiB float64 `json:"per_clone_pss_mib"`
+	TotalPssMiB    float64   `json:"total_pss_mib"`  // all processes of all clones
+	SentryPssMiB   float64   `json:"sentry_pss_mib"` // sentries only
+	TotalRssMiB    float64   `json:"total_rss_mib"`
+	PerClonePssMiB float64   `json:"per_clone_pss_mib"`
+	PssSamplesMiB  []float64 `json:"pss_samples_mib,omitempty"` // total Pss of each repeat
 
 	LayerMiB      int   `json:"layer_mib,omitempty"`
 	Repeats       int   `json:"repeats,omitempty"`        // park_ms and restore p50 are medians over this many runs
 	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"` // allocated, exclusive of shared extents not counted
 }
 
+// runtime is one way of running the same scenario: a runsc binary, the flags
+// its checkpoint gets, and the flags its restores get.
 type runtime struct {
-	name string
-	bin  string
-	fork bool
+	name        string
+	bin         string
+	fork        bool
+	restoreArgs []string
+}
+
+// cloneScenario is a workload parked once and restored n times.
+type cloneScenario struct {
+	name     string
+	heapMiB  int
+	n        int
+	checkMiB int
+	args     []string // extra tick arguments
+}
+
+var cloneScenarios = []cloneScenario{
+	// Read-mostly: clones read their whole heap, write one page.
+	{name: "clones256", heapMiB: 256, n: 8, checkMiB: 4},
+	// Writers: every tick stores into 30% / 100% of the heap's pages in a
+	// scattered order, the first tick after restore included.
+	{name: "writer30", heapMiB: 256, n: 8, checkMiB: 4, args: []string{"-write-pct", "30"}},
+	{name: "writer100", heapMiB: 256, n: 8, checkMiB: 4, args: []string{"-write-pct", "100"}},
+	{name: "clones2g", heapMiB: 2048, n: 2, checkMiB: 4},
 }
 
 func main() {
@@ -95,30 +124,47 @@ func main() {
 		dir = d
 		defer os.RemoveAll(dir)
 	}
-	runtimes := []runtime{{"upstream", abs(*upstreamBin), false}, {"forkvisor", abs(*forkBin), true}}
+	// Upstream restores in both of its modes: plain (every page loaded
+	// before the workload runs) and --background (pages load while it runs).
+	runtimes := []runtime{
+		{name: "upstream", bin: abs(*upstreamBin)},
+		{name: "upstream-bg", bin: abs(*upstreamBin), restoreArgs: []string{"--background"}},
+		{name: "forkvisor", bin: abs(*forkBin), fork: true},
+	}
 
 	var results []Result
 	want := map[string]bool{}
 	for _, s := range strings.Split(*scenarios, ",") {
 		want[strings.TrimSpace(s)] = true
 	}
-	for _, rt := range runtimes {
-		if want["clones256"] || want["repark"] {
-			res, repark := clones(dir, rt, "clones256", 256, 8, 4, want["repark"])
-			if want["clones256"] {
-				results = append(results, res)
-			}
-			if repark != nil {
-				results = append(results, *repark)
+	for _, sc := range cloneScenarios {
+		repark := sc.name == "clones256" && want["repark"]
+		if !want[sc.name] && !repark {
+			continue
+		}
+		byRT := map[string][]Result{}
+		var reparks []Result
+		// Alternate runtimes within each repetition.
+		for i := 0; i < *repeat; i++ {
+			for _, rt := range runtimes {
+				fmt.Fprintf(os.Stderr, "forkbench: %s, %s, run %d/%d\n", sc.name, rt.name, i+1, *repeat)
+				res, rp := clones(filepath.Join(dir, fmt.Sprint(i)), rt, sc, repark && rt.name != "upstream-bg")
+				byRT[rt.name] = append(byRT[rt.name], res)
+				if rp != nil {
+					reparks = append(reparks, *rp)
+				}
 			}
 		}
-		if want["clones2g"] {
-			res, _ := clones(dir, rt, "clones2g", 2048, 2, 4, false)
-			results = append(results, res)
+		if want[sc.name] {
+			for _, rt := range runtimes {
+				results = append(results, mergeRuns(byRT[rt.name]))
+			}
 		}
+		results = append(results, reparks...)
 	}
 	if want["layers"] {
-		results = append(results, layers(dir, runtimes)...)
+		// The layer scenario restores eagerly in both runtimes.
+		results = append(results, layers(dir, []runtime{runtimes[0], runtimes[2]})...)
 	}
 	printTable(results)
 	if *jsonOut != "" {
@@ -135,14 +181,38 @@ func main() {
 	}
 }
 
-// clones parks a workload of heapMiB and restores n clones from it.
-func clones(dir string, rt runtime, scenario string, heapMiB, n, checkMiB int, repark bool) (Result, *Result) {
-	base := filepath.Join(dir, scenario+"-"+rt.name)
+// mergeRuns folds the repeats of one scenario and runtime into one Result:
+// every restore sample is kept, and checkpoint time and memory are medians.
+func mergeRuns(runs []Result) Result {
+	res := runs[len(runs)-1]
+	res.RestoreMs = nil
+	var ckpt, pss, sentry, rss []float64
+	for _, r := range runs {
+		res.RestoreMs = append(res.RestoreMs, r.RestoreMs...)
+		ckpt = append(ckpt, r.CheckpointMs)
+		pss = append(pss, r.TotalPssMiB)
+		sentry = append(sentry, r.SentryPssMiB)
+		rss = append(rss, r.TotalRssMiB)
+	}
+	res.CheckpointMs = median(ckpt)
+	res.TotalPssMiB, res.SentryPssMiB, res.TotalRssMiB = median(pss), median(sentry), median(rss)
+	res.PerClonePssMiB = res.TotalPssMiB / float64(res.Clones)
+	res.PssSamplesMiB = pss
+	res.RestoreP50Ms, res.RestoreMaxMs = median(res.RestoreMs), maxOf(res.RestoreMs)
+	res.Repeats = len(runs)
+	return res
+}
+
+// clones parks the scenario's workload and restores sc.n clones from it.
+func clones(dir string, rt runtime, sc cloneScenario, repark bool) (Result, *Result) {
+	base := filepath.Join(dir, sc.name+"-"+rt.name)
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root")}
 	cleanups = append(cleanups, r.Cleanup)
 	defer r.Cleanup()
+	defer os.RemoveAll(base)
 	bundle := filepath.Join(base, "bundle")
-	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", fmt.Sprint(checkMiB)))
+	args := append([]string{"-mib", fmt.Sprint(sc.heapMiB), "-interval", "50ms", "-check-mib", fmt.Sprint(sc.checkMiB)}, sc.args...)
+	must(sandbox.NewBundle(bundle, abs(*tickBin), args...))
 	srcOut := filepath.Join(base, "source.out")
 	must(r.Run(bundle, "source", srcOut))
 	_, _, err := sandbox.WaitForLine(srcOut, 0, 120*time.Second, func(l string) bool {
@@ -151,7 +221,7 @@ func clones(dir string, rt runtime, scenario string, heapMiB, n, checkMiB int, r
 	})
 	must(err)
 
-	res := Result{Scenario: scenario, Runtime: rt.name, HeapMiB: heapMiB, Clones: n}
+	res := Result{Scenario: sc.name, Runtime: rt.name, HeapMiB: sc.heapMiB, Clones: sc.n}
 	image := filepath.Join(base, "image")
 	var flags []string
 	if rt.fork {
@@ -161,15 +231,15 @@ func clones(dir string, rt runtime, scenario string, heapMiB, n, checkMiB int, r
 	must(r.Checkpoint("source", image, flags...))
 	res.CheckpointMs = ms(time.Since(start))
 	r.Destroy("source")
-	res.ImageBytes, res.ImageBytesNoBas = diskUsage(image)
+	res.ImageBytes, res.ImageBytesNoBase = diskUsage(image)
 
 	var ids []string
 	var outs []string
-	for i := 0; i < n; i++ {
+	for i := 0; i < sc.n; i++ {
 		id := fmt.Sprintf("clone%d", i)
 		out := filepath.Join(base, id+".out")
 		start := time.Now()
-		must(r.Restore(bundle, id, image, out))
+		must(r.Restore(bundle, id, image, out, rt.restoreArgs...))
 		_, _, err := sandbox.WaitForLineEvery(out, 0, 60*time.Second, time.Millisecond, sandbox.IsTick)
 		must(err)
 		res.RestoreMs = append(res.RestoreMs, ms(time.Since(start)))
@@ -185,11 +255,11 @@ func clones(dir string, rt runtime, scenario string, heapMiB, n, checkMiB int, r
 		ft, _ := sandbox.ParseTick(first)
 		line, _, err := sandbox.WaitForLine(out, 0, 300*time.Second, func(l string) bool {
 			tk, err := sandbox.ParseTick(l)
-			return err == nil && (tk.N >= ft.N+heapMiB/checkMiB+2 || !tk.OK)
+			return err == nil && (tk.N >= ft.N+sc.heapMiB/sc.checkMiB+2 || !tk.OK)
 		})
 		must(err)
 		if tk, _ := sandbox.ParseTick(line); !tk.OK {
-			fatalf("%s %s: clone heap corrupt: %s", rt.name, scenario, line)
+			fatalf("%s %s: clone heap corrupt: %s", rt.name, sc.name, line)
 		}
 	}
 	var all, sentries memstat.Usage
@@ -204,16 +274,16 @@ func clones(dir string, rt runtime, scenario string, heapMiB, n, checkMiB int, r
 	res.TotalPssMiB = float64(all.Pss) / 1024
 	res.TotalRssMiB = float64(all.Rss) / 1024
 	res.SentryPssMiB = float64(sentries.Pss) / 1024
-	res.PerClonePssMiB = res.TotalPssMiB / float64(n)
+	res.PerClonePssMiB = res.TotalPssMiB / float64(sc.n)
 
 	var reparkRes *Result
 	if repark {
-		rp := Result{Scenario: "repark", Runtime: rt.name, HeapMiB: heapMiB, Clones: 1}
+		rp := Result{Scenario: "repark", Runtime: rt.name, HeapMiB: sc.heapMiB, Clones: 1}
 		image2 := filepath.Join(base, "image-repark")
 		start := time.Now()
 		must(r.Checkpoint(ids[0], image2, flags...))
 		rp.CheckpointMs = ms(time.Since(start))
-		rp.ImageBytes, rp.ImageBytesNoBas = diskUsage(image2)
+		rp.ImageBytes, rp.ImageBytesNoBase = diskUsage(image2)
 		reparkRes = &rp
 	}
 	for _, id := range ids {
@@ -230,7 +300,7 @@ func printTable(results []Result) {
 			continue
 		}
 		fmt.Printf("%-10s %-10s %5d %6d %9.0f %12.1f %12.1f %9.0f %9.0f %11.1f %11.1f %10.1f\n",
-			r.Scenario, r.Runtime, r.HeapMiB, r.Clones, r.CheckpointMs, mib(r.ImageBytes), mib(r.ImageBytesNoBas),
+			r.Scenario, r.Runtime, r.HeapMiB, r.Clones, r.CheckpointMs, mib(r.ImageBytes), mib(r.ImageBytesNoBase),
 			r.RestoreP50Ms, r.RestoreMaxMs, r.TotalPssMiB, r.SentryPssMiB, r.PerClonePssMiB)
 	}
 	haveLayers := false
@@ -257,24 +327,39 @@ func printTable(results []Result) {
 		by[key][r.Runtime] = r
 	}
 	fmt.Println()
-	keys := []string{"clones256", "clones2g", "repark"}
+	keys := []string{}
+	for _, sc := range cloneScenarios {
+		keys = append(keys, sc.name)
+	}
+	keys = append(keys, "repark")
 	for _, r := range results {
 		if r.Scenario == "layers" && r.Runtime == "upstream" {
 			keys = append(keys, fmt.Sprintf("layers%d", r.LayerMiB))
 		}
 	}
 	for _, s := range keys {
-		u, okU := by[s]["upstream"]
 		f, okF := by[s]["forkvisor"]
+		u, okU := by[s]["upstream"]
 		if !okU || !okF {
 			continue
 		}
 		line := fmt.Sprintf("%-10s forkvisor/upstream: checkpoint %.2fx, image %.3fx", s, f.CheckpointMs/u.CheckpointMs, float64(f.ImageBytes)/float64(u.ImageBytes))
-		if u.TotalPssMiB > 0 {
-			line += fmt.Sprintf(", total Pss %.2fx", f.TotalPssMiB/u.TotalPssMiB)
+		// Compare with upstream's better restore mode, for latency and
+		// memory separately.
+		best := u
+		if bg, ok := by[s]["upstream-bg"]; ok {
+			if bg.RestoreP50Ms < best.RestoreP50Ms {
+				best.RestoreP50Ms = bg.RestoreP50Ms
+			}
+			if bg.TotalPssMiB < best.TotalPssMiB {
+				best.TotalPssMiB = bg.TotalPssMiB
+			}
 		}
-		if u.RestoreP50Ms > 0 {
-			line += fmt.Sprintf(", restore p50 %.2fx", f.RestoreP50Ms/u.RestoreP50Ms)
+		if best.TotalPssMiB > 0 {
+			line += fmt.Sprintf(", total Pss %.2fx", f.TotalPssMiB/best.TotalPssMiB)
+		}
+		if best.RestoreP50Ms > 0 {
+			line += fmt.Sprintf(", restore p50 %.2fx", f.RestoreP50Ms/best.RestoreP50Ms)
 		}
 		fmt.Println(line)
 	}

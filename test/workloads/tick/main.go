@@ -3,7 +3,13 @@
 // whether the heap still holds the pattern. A restored clone must continue
 // the counter (not restart it) and keep printing "sum=ok".
 //
-// Usage: tick [-mib N] [-interval D] [-check-mib N] [-ctl PATH]
+// Usage: tick [-mib N] [-interval D] [-check-mib N] [-write-pct P] [-ctl PATH]
+//
+// With -write-pct P, every tick first stores into P% of the heap's pages,
+// chosen by a fixed hash and visited in a scattered order, before it prints:
+// a writer like a runtime that updates reference counts or GC marks over its
+// heap. The stored values equal the pattern, so the check still holds; after
+// a restore, the first line comes only after every store of the first tick.
 //
 // Output, one line per tick:
 //
@@ -54,7 +60,12 @@ func main() {
 	checkMiB := flag.Int("check-mib", 4, "MiB of the heap checked per tick")
 	filePath := flag.String("file", "", "if set, a file in the writable layer: written with a pattern at start (unless it exists), then checked like the heap")
 	fileMiB := flag.Int("file-mib", 16, "size of -file in MiB")
+	writePct := flag.Int("write-pct", 0, "percent of heap pages stored into every tick, in a scattered order, before printing")
 	flag.Parse()
+	if *writePct < 0 || *writePct > 100 {
+		fmt.Fprintf(os.Stderr, "-write-pct %d: want 0..100\n", *writePct)
+		os.Exit(2)
+	}
 
 	if *exit >= 0 {
 		fmt.Printf("exiting %d\n", *exit)
@@ -97,6 +108,8 @@ func main() {
 		}
 		return heap[i] == pattern(i)
 	}
+
+	writes := writeOrder(len(heap)/wordsPerPage, *writePct, markIdx/wordsPerPage)
 
 	var lf *layerFile
 	if *filePath != "" {
@@ -154,6 +167,10 @@ func main() {
 				fmt.Printf("unknown command %q\n", cmd)
 			}
 		}
+		for _, p := range writes {
+			i := p * wordsPerPage
+			heap[i] = pattern(i)
+		}
 		sum := "ok"
 		if bad {
 			sum = "BAD"
@@ -187,6 +204,38 @@ func main() {
 		}
 		time.Sleep(*interval)
 	}
+}
+
+// writeOrder returns the pages that a writer stores into every tick: pct% of
+// nPages, picked by a hash of the page index (so every clone of one image
+// writes the same set, as runtimes do) and ordered by a multiplicative
+// permutation of the page indices (so consecutive stores land far apart).
+// skip (the mark page) is never picked.
+func writeOrder(nPages, pct, skip int) []int {
+	if pct == 0 || nPages == 0 {
+		return nil
+	}
+	var order []int
+	// An odd stride is coprime with a power-of-two page count; other counts
+	// fall back to a stride that is checked to be coprime.
+	stride := 0x9E3779B1 % nPages
+	for stride == 0 || gcd(stride, nPages) != 1 {
+		stride++
+	}
+	for k := 0; k < nPages; k++ {
+		p := k * stride % nPages
+		if p != skip && int(pattern(p)%100) < pct {
+			order = append(order, p)
+		}
+	}
+	return order
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // forkAndCheck forks. The child, which must not call into the Go runtime,

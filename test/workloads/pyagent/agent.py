@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""pyagent: a CPython asyncio "agent" whose state is many small objects.
+
+The state is a dict of --entries small dicts, built at start from a
+deterministic seed:
+
+    {"id": i, "name": "item<i>", "score": <float>, "tags": ["t<n>", "t<m>"]}
+
+(seven objects per entry: the dict, its int, str, float, list and two
+tag strings). Every tick the agent iterates over all of them to compute a
+checksum. Reading an object in CPython writes its reference count, so each
+tick writes to every page of the state: after a restore from a shared base,
+the agent un-shares its whole heap within one tick. That is the point of
+this workload (DESIGN.md 4.5); the Go tick workload only reads.
+
+Output: one line once the state is built, then one line per tick, in the
+tick workload's format (internal/sandbox.ParseTick):
+
+    pyagent entries=N seed=S build_s=SECONDS python=VERSION
+    tick=N mib=M sum=ok|BAD mark=HEX
+
+The tick line is printed after the pass it reports, so the first line after
+a restore comes after the restored process has touched every object. N
+counts from 0 and continues across checkpoint and restore; M is the resident
+memory of the process in MiB (/proc/self/statm); sum=ok iff the pass's
+checksum equals the one computed when the state was built; mark is 0 until
+marked.
+
+Commands: every tick, if the file --ctl (default /tmp/ctl) exists, its
+content is run as a command and the file is removed. `agent.py --send CMD`
+writes CMD there atomically (for `runsc exec`).
+
+    mark  store a fresh random value (os.urandom) in the state; every later
+          line prints it as mark=HEX
+    fork  fork(); the child runs a full checksum pass and prints
+          "forkchild sum=ok|BAD mark=HEX", then exits
+    dump  also write the next tick line to --dump (default /tmp/dump)
+"""
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import time
+
+MASK = (1 << 64) - 1
+
+
+class State:
+    """The agent's state: the entries and the mark."""
+
+    def __init__(self, entries, seed):
+        rng = random.Random(seed)
+        items = {}
+        for i in range(entries):
+            items[i] = {
+                "id": i,
+                "name": f"item{i}",
+                "score": rng.random() * 100.0,
+                "tags": [f"t{rng.randrange(64)}", f"t{rng.randrange(64)}"],
+            }
+        self.items = items
+        self.mark = 0
+        self.expected = self.checksum()
+
+    def checksum(self):
+        """Reads every object of every entry; returns a 64-bit checksum."""
+        s = 0
+        for v in self.items.values():
+            tags = v["tags"]
+            s = (s * 1000003 + v["id"] + len(v["name"]) + int(v["score"] * 1e6)
+                 + len(tags[0]) + len(tags[1])) & MASK
+        return s
+
+
+def parse_interval(s):
+    """Parses "100ms", "0.1s" or "0.1" (seconds) into seconds."""
+    if s.endswith("ms"):
+        return float(s[:-2]) / 1000.0
+    if s.endswith("s"):
+        return float(s[:-1])
+    return float(s)
+
+
+def rss_mib():
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") >> 20
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def write_atomic(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(data)
+    os.rename(tmp, path)
+
+
+def fork_and_check(state):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = state.checksum() == state.expected
+            line = "forkchild sum=%s mark=%x\n" % ("ok" if ok else "BAD", state.mark)
+            os.write(1, line.encode())
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def out(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def run(state, args, interval):
+    dump = False
+    tick = 0
+    while True:
+        try:
+            with open(args.ctl) as f:
+                cmd = f.read().strip()
+            os.remove(args.ctl)
+        except FileNotFoundError:
+            cmd = None
+        if cmd == "mark":
+            state.mark = int.from_bytes(os.urandom(8), "big")
+        elif cmd == "fork":
+            fork_and_check(state)
+        elif cmd == "dump":
+            dump = True
+        elif cmd is not None:
+            out("unknown command %r" % cmd)
+
+        ok = state.checksum() == state.expected
+        line = "tick=%d mib=%d sum=%s mark=%x" % (tick, rss_mib(), "ok" if ok else "BAD", state.mark)
+        out(line)
+        if dump:
+            dump = False
+            try:
+                write_atomic(args.dump, line + "\n")
+            except OSError as e:
+                out("dump failed: %s" % e)
+        tick += 1
+        await asyncio.sleep(interval)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--entries", type=int, default=200000, help="number of entries in the state")
+    p.add_argument("--interval", default="100ms", help='tick interval: "100ms", "0.1s" or seconds')
+    p.add_argument("--seed", type=int, default=1, help="seed of the state's content")
+    p.add_argument("--ctl", default="/tmp/ctl", help="command file")
+    p.add_argument("--dump", default="/tmp/dump", help="file the dump command writes")
+    p.add_argument("--send", default="", help="write this command to the command file and exit")
+    args = p.parse_args()
+
+    if args.send:
+        write_atomic(args.ctl, args.send)
+        return
+    interval = parse_interval(args.interval)
+    start = time.monotonic()
+    state = State(args.entries, args.seed)
+    out("pyagent entries=%d seed=%d build_s=%.3f python=%s" % (
+        args.entries, args.seed, time.monotonic() - start, sys.version.split()[0]))
+    asyncio.run(run(state, args, interval))
+
+
+if __name__ == "__main__":
+    main()
