@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"encoding/json"
+	"github.com/forkvisor/forkvisor/internal/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,7 +153,7 @@ func TestNewPyAgentBundle(t *testing.T) {
 func TestPyAgentOnHost(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
-		t.Skip("no python3 on this host")
+		prereq.Missing(t, "no python3 on this host")
 	}
 	script, err := filepath.Abs(filepath.Join("..", "..", PyAgentScript))
 	if err != nil {

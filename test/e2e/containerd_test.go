@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/forkvisor/forkvisor/internal/prereq"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,7 +24,7 @@ func startContainerd(t *testing.T) *ctrd.Containerd {
 	binary(t, "containerd-shim-runsc-v1")
 	ctrdBin := filepath.Join(repoRoot, "build", "containerd", "usr", "bin")
 	if _, err := os.Stat(filepath.Join(ctrdBin, "containerd")); err != nil {
-		t.Skipf("containerd 1.7 not fetched (tools/containerd.sh, run by `make test`): %v", err)
+		prereq.Missing(t, "containerd 1.7 not fetched (tools/containerd.sh, run by `make test`): %v", err)
 	}
 	dir := t.TempDir()
 	c, err := ctrd.Start(dir, ctrdBin, filepath.Join(repoRoot, "bin"))

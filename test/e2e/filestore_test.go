@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"github.com/forkvisor/forkvisor/internal/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,7 +32,7 @@ func newLayerEnv(t *testing.T, fileMiB int) *layerEnv {
 	t.Helper()
 	bin := binary(t, "runsc")
 	if why := xfs.Available(); why != "" {
-		t.Skip(why)
+		prereq.Missing(t, "%s", why)
 	}
 	fs, err := xfs.Mount(t.TempDir(), 8<<30)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forkvisor/forkvisor/internal/prereq"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
@@ -50,11 +51,11 @@ func TestMain(m *testing.M) {
 func binary(t *testing.T, name string) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to run runsc sandboxes")
+		prereq.Missing(t, "needs root to run runsc sandboxes")
 	}
 	p := filepath.Join(repoRoot, "bin", name)
 	if _, err := os.Stat(p); err != nil {
-		t.Skipf("%s not built (run `make`): %v", p, err)
+		prereq.Missing(t, "%s not built (run `make`): %v", p, err)
 	}
 	return p
 }
@@ -67,16 +68,17 @@ type source struct {
 	out    string
 }
 
-// startSource runs the tick workload (heap of mib MiB, 50 ms ticks) as
-// container "source" with the runsc binary name, and waits for tick 3.
-func startSource(t *testing.T, name string, mib int) *source {
+// startSource runs the tick workload (heap of mib MiB, 50 ms ticks, extra
+// tick arguments args) as container "source" with the runsc binary name, and
+// waits for tick 3.
+func startSource(t *testing.T, name string, mib int, args ...string) *source {
 	t.Helper()
 	bin := binary(t, name)
 	dir := t.TempDir()
 	s := &source{r: &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}, dir: dir}
 	t.Cleanup(s.r.Cleanup)
 	s.bundle = filepath.Join(dir, "bundle")
-	if err := sandbox.NewBundle(s.bundle, tickBin, "-mib", fmt.Sprint(mib), "-interval", "50ms"); err != nil {
+	if err := sandbox.NewBundle(s.bundle, tickBin, append([]string{"-mib", fmt.Sprint(mib), "-interval", "50ms"}, args...)...); err != nil {
 		t.Fatal(err)
 	}
 	s.out = filepath.Join(dir, "source.out")

@@ -23,11 +23,12 @@ type parked struct {
 	lastTick int
 }
 
-// parkSource runs the tick workload with a heap of mib MiB, waits for it to
-// tick, and checkpoints it with --shared-base.
-func parkSource(t *testing.T, mib int) *parked {
+// parkSource runs the tick workload with a heap of mib MiB (and extra tick
+// arguments args), waits for it to tick, and checkpoints it with
+// --shared-base.
+func parkSource(t *testing.T, mib int, args ...string) *parked {
 	t.Helper()
-	src := startSource(t, "runsc", mib)
+	src := startSource(t, "runsc", mib, args...)
 	r, dir, bundle, out := src.r, src.dir, src.bundle, src.out
 	image := filepath.Join(dir, "image")
 	if err := r.Checkpoint("source", image, "--shared-base"); err != nil {

@@ -4,6 +4,7 @@ package savecompat
 
 import (
 	"bytes"
+	"github.com/forkvisor/forkvisor/internal/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,7 +75,7 @@ func TestForkSavesLikeUpstreamWithoutBase(t *testing.T) {
 	root := repoRoot(t)
 	tree := filepath.Join(root, "build", "gvisor")
 	if _, err := os.Stat(filepath.Join(tree, "go.mod")); err != nil {
-		t.Skipf("no materialized fork at %s (run `make tree`): %v", tree, err)
+		prereq.Missing(t, "no materialized fork at %s (run `make tree`): %v", tree, err)
 	}
 	bins := t.TempDir()
 	upstream, fork := filepath.Join(bins, "pgsave-upstream"), filepath.Join(bins, "pgsave-fork")

@@ -25,6 +25,10 @@
 //	          prints "forkchild sum=ok|BAD mark=HEX", then exits
 //	scribble  write every second page of the heap (same values), the
 //	          worst case for copy-on-write sharing
+//	window1   write the first page of every 2 MiB of the heap (same values),
+//	          the sparsest writer that still touches every window
+//	exec      make a page that was written at start (a single return
+//	          instruction) executable, call it, and print "exec ok"
 //	dump      also write the next status line to /tmp/dump (read it back
 //	          with `tick -cat /tmp/dump`)
 package main
@@ -110,6 +114,11 @@ func main() {
 	}
 
 	writes := writeOrder(len(heap)/wordsPerPage, *writePct, markIdx/wordsPerPage)
+	code, err := newCodePage()
+	if err != nil {
+		fmt.Printf("code page: %v\n", err)
+		os.Exit(1)
+	}
 
 	var lf *layerFile
 	if *filePath != "" {
@@ -163,6 +172,17 @@ func main() {
 					atomic.AddUint64(&heap[i], 0)
 				}
 				fmt.Printf("scribbled\n")
+			case "exec":
+				if err := callCodePage(code); err != nil {
+					fmt.Printf("exec failed: %v\n", err)
+					break
+				}
+				fmt.Printf("exec ok\n")
+			case "window1":
+				for i := 0; i < words; i += (2 << 20) / 8 {
+					atomic.AddUint64(&heap[i], 0)
+				}
+				fmt.Printf("window1 done\n")
 			default:
 				fmt.Printf("unknown command %q\n", cmd)
 			}

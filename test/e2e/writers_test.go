@@ -1,0 +1,244 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkvisor/forkvisor/internal/memstat"
+	"github.com/forkvisor/forkvisor/internal/prereq"
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// fleetPss returns the total Pss, in MiB, of every process (sentry, stubs,
+// gofer; each address space once) of containers ids.
+func fleetPss(t *testing.T, r *sandbox.Runsc, ids []string) float64 {
+	t.Helper()
+	var all memstat.Usage
+	for _, id := range ids {
+		pid, err := r.SandboxPID(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := memstat.OfSandbox(pid, r.GoferPID(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.Add(m.All)
+	}
+	return float64(all.Pss) / 1024
+}
+
+// waitFullCheck waits until the tick workload in out has checked its whole
+// heap of mib MiB once (4 MiB per tick) with sum=ok.
+func waitFullCheck(t *testing.T, out string, mib int) sandbox.Tick {
+	t.Helper()
+	first, _ := waitTick(t, out, 0, "a first tick", func(sandbox.Tick) bool { return true })
+	tk, _ := waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= first.N+mib/4+2 })
+	return tk
+}
+
+// upstreamFleetPss parks the same workload with upstream runsc (plain
+// checkpoint), restores n clones, and returns their total Pss once each has
+// checked its heap.
+func upstreamFleetPss(t *testing.T, mib, n int, args ...string) float64 {
+	t.Helper()
+	src := startSource(t, "runsc-upstream", mib, args...)
+	image := filepath.Join(src.dir, "image")
+	if err := src.r.Checkpoint("source", image); err != nil {
+		t.Fatal(err)
+	}
+	last := lastTick(t, src.out).N
+	src.r.Destroy("source")
+	p := &parked{r: src.r, dir: src.dir, bundle: src.bundle, image: image, lastTick: last}
+	var ids []string
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("u%d", i)
+		waitFullCheck(t, p.restoreClone(t, id, image, last), mib)
+		ids = append(ids, id)
+	}
+	pss := fleetPss(t, src.r, ids)
+	for _, id := range ids {
+		src.r.Destroy(id)
+	}
+	return pss
+}
+
+// TestSharedBaseReadersShareMemory asserts that clones of a read-mostly
+// workload share the base: 4 clones of a 128 MiB heap, each having read its
+// whole heap, must fit in one base plus a per-clone allowance far below a
+// copy of the heap. A restore that silently copied the base (as upstream
+// does) needs about 4 x 150 MiB and fails.
+func TestSharedBaseReadersShareMemory(t *testing.T) {
+	const mib, clones, perCloneMiB = 128, 4, 48
+	p := parkSource(t, mib)
+	var ids []string
+	for i := 0; i < clones; i++ {
+		id := fmt.Sprintf("r%d", i)
+		waitFullCheck(t, p.restoreClone(t, id, p.image, p.lastTick), mib)
+		ids = append(ids, id)
+	}
+	pss := fleetPss(t, p.r, ids)
+	bound := float64(mib + clones*perCloneMiB)
+	t.Logf("%d read-mostly clones of %d MiB: total Pss %.1f MiB (bound %.0f)", clones, mib, pss, bound)
+	if pss > bound {
+		t.Errorf("total Pss of %d clones is %.1f MiB, above %.0f MiB (one %d MiB base + %d MiB per clone): the base is not shared", clones, pss, bound, mib, perCloneMiB)
+	}
+}
+
+// TestSharedBaseWriterClones restores clones of workloads that store into
+// 30% and 100% of their heap pages (scattered) on every tick, the first tick
+// after restore included. Each clone must continue correctly; the first one
+// learns the base's write set (base.writeset beside base.img), later ones
+// apply it; and the clones together must not use more memory than upstream's
+// clones of the same workload.
+func TestSharedBaseWriterClones(t *testing.T) {
+	const mib, clones = 64, 4
+	for _, pct := range []int{30, 100} {
+		t.Run(fmt.Sprintf("write%d", pct), func(t *testing.T) {
+			args := []string{"-write-pct", fmt.Sprint(pct)}
+			upstream := upstreamFleetPss(t, mib, clones, args...)
+
+			p := parkSource(t, mib, args...)
+			logs := filepath.Join(p.dir, "logs")
+			if err := os.MkdirAll(logs, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			p.r.LogDir = logs
+			ws := filepath.Join(p.image, "base.writeset")
+			var ids []string
+			for i := 0; i < clones; i++ {
+				id := fmt.Sprintf("w%d", i)
+				out := p.restoreClone(t, id, p.image, p.lastTick)
+				if i == 0 {
+					// The first clone learns; wait for the set it writes.
+					waitWriteSet(t, ws)
+				}
+				waitFullCheck(t, out, mib)
+				ids = append(ids, id)
+			}
+			if !logsContain(t, logs, "learned a write set") || !logsContain(t, logs, "applying a write set") {
+				t.Errorf("the first clone should learn the write set and later clones apply it (debug logs in %s)", logs)
+			}
+			pss := fleetPss(t, p.r, ids)
+			t.Logf("%d clones storing into %d%% of %d MiB: total Pss %.1f MiB, upstream %.1f MiB", clones, pct, mib, pss, upstream)
+			if pss > upstream*1.05 {
+				t.Errorf("forkvisor clones use %.1f MiB, more than upstream's %.1f MiB", pss, upstream)
+			}
+		})
+	}
+}
+
+// waitWriteSet waits for a complete write set at path.
+func waitWriteSet(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 8 && bytes.HasPrefix(b, []byte("GVWRSET\x00")) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("no write set written to %s", path)
+}
+
+// logsContain reports whether a runsc debug log under dir contains s.
+func logsContain(t *testing.T, dir, s string) bool {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if b, err := os.ReadFile(filepath.Join(dir, e.Name())); err == nil && strings.Contains(string(b), s) {
+			return true
+		}
+	}
+	return false
+}
+
+// stubMaps returns the largest number of host mappings of any process of the
+// sandbox whose sentry is pid, other than the sentry (its systrap stubs).
+func stubMaps(t *testing.T, pid int) int {
+	t.Helper()
+	most := 0
+	for _, p := range memstat.Descendants(pid) {
+		if p == pid {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p))
+		if err != nil {
+			continue // exited
+		}
+		most = max(most, bytes.Count(b, []byte("\n")))
+	}
+	return most
+}
+
+// TestSharedBaseCOWExtremes drives the copy-on-write policy to its extremes
+// in one clone: every other page written (scribble), then one page per 2 MiB
+// window (window1). The clone must stay correct and its stubs' host mappings
+// stay bounded (the policy copies a window whole once it is fragmented).
+func TestSharedBaseCOWExtremes(t *testing.T) {
+	const mib = 64
+	p := parkSource(t, mib)
+	out := p.restoreClone(t, "x", p.image, p.lastTick)
+	pid, err := p.r.SandboxPID("x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := stubMaps(t, pid)
+	for _, step := range []struct{ cmd, done string }{{"window1", "window1 done"}, {"scribble", "scribbled"}} {
+		n := len(sandbox.Lines(out))
+		p.send(t, "x", step.cmd)
+		if _, _, err := sandbox.WaitForLine(out, n, 30*time.Second, func(l string) bool { return l == step.done }); err != nil {
+			t.Fatal(err)
+		}
+		// 32 windows of 2 MiB, each at most ~18 fragments, plus what the
+		// sandbox mapped before.
+		if got, bound := stubMaps(t, pid), before+32*20; got > bound {
+			t.Errorf("after %s: a stub has %d host mappings, more than %d", step.cmd, got, bound)
+		}
+	}
+	waitFullCheck(t, out, mib)
+}
+
+// TestSharedBaseExecBreaksCOW makes a page of a clone's base memory
+// executable and runs it, with the base on a noexec filesystem: the base
+// must never be mapped executable (that fails on noexec mounts and makes IMA
+// measure the base); executing breaks copy-on-write like a write.
+func TestSharedBaseExecBreaksCOW(t *testing.T) {
+	src := startSource(t, "runsc", 16)
+	noexec := filepath.Join(src.dir, "noexec")
+	if err := os.MkdirAll(noexec, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", noexec, "tmpfs", unix.MS_NOEXEC, "size=256m"); err != nil {
+		prereq.Missing(t, "mounting a noexec tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(noexec, unix.MNT_DETACH) })
+	image := filepath.Join(noexec, "image")
+	if err := src.r.Checkpoint("source", image, "--shared-base"); err != nil {
+		t.Fatal(err)
+	}
+	last := lastTick(t, src.out).N
+	src.r.Destroy("source")
+	p := &parked{r: src.r, dir: src.dir, bundle: src.bundle, image: image, lastTick: last}
+	out := p.restoreClone(t, "x", image, last)
+	n := len(sandbox.Lines(out))
+	p.send(t, "x", "exec")
+	line, _, err := sandbox.WaitForLine(out, n, 30*time.Second, func(l string) bool { return strings.HasPrefix(l, "exec ") })
+	if err != nil {
+		t.Fatalf("no result from exec in the clone: %v (the sandbox may have died)", err)
+	}
+	if line != "exec ok" {
+		t.Fatalf("exec in the clone: %q", line)
+	}
+	waitFullCheck(t, out, 16)
+}
