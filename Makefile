@@ -10,7 +10,7 @@ UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvis
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
 FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/
 
-.PHONY: setup all tree patches check-patches runsc runsc-upstream tick shim test test-fork test-harness vet demo flatten-table bench clean
+.PHONY: setup all tree patches check-patches check-series runsc runsc-upstream tick shim test test-fork test-harness vet demo flatten-table bench clean
 
 all: runsc runsc-upstream tick shim
 
@@ -32,6 +32,10 @@ patches:
 # The series applies to pristine upstream and re-exports byte-identically.
 check-patches:
 	tools/check-patches.sh
+
+# Every prefix of the series builds (runsc, shim) and vets.
+check-series: $(TREE)/go.mod
+	tools/check-series.sh
 
 runsc: $(TREE)/go.mod
 	cd $(TREE) && $(GOBUILD) -o $(CURDIR)/bin/runsc ./runsc
@@ -72,7 +76,7 @@ demo: setup all
 # Every benchmark: 8 x 256 MiB clones, 2 x 2 GiB clones, re-park of a clone,
 # and the pgalloc flatten table.
 bench: setup all flatten-table
-	$(GO) run ./bench/forkbench -json bench/out/forkbench.json
+	$(GO) run ./bench/forkbench -repeat 3 -json bench/out/forkbench.json
 
 clean:
 	rm -rf build bin

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# check-series.sh builds and vets every prefix of the patch series: for each
+# commit after `upstream` in the materialized tree, ./runsc and ./shim build
+# (CGO_ENABLED=0) and the packages the commit touches pass go vet (without
+# the composites and unsafeptr analyzers, which upstream's own code fails).
+#
+# Usage: tools/check-series.sh [TREE]   (default build/gvisor)
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+tree=${1:-$top/build/gvisor}
+work=$(mktemp -d)
+trap 'git -C "$tree" worktree remove --force "$work/wt" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+git -C "$tree" worktree add -q --detach "$work/wt" upstream
+cd "$work/wt"
+export CGO_ENABLED=0
+n=0 fail=0
+for c in $(git -C "$tree" rev-list --reverse upstream..HEAD); do
+	n=$((n+1))
+	git checkout -q --detach "$c"
+	subj=$(git log -1 --format=%s)
+	vet=$(git show --name-only --format= "$c" | grep '\.go$' | xargs -r -n1 dirname | sort -u |
+		sed -e 's#^runsc/.*#runsc/...#' -e 's#^pkg/shim/.*#pkg/shim/...#' -e 's#^shim/.*#shim/...#' | sort -u | sed 's#^#./#' | tr '\n' ' ')
+	printf 'check-series: %2d %s\n' "$n" "$subj"
+	if ! go build -o /dev/null ./runsc || ! go build -o /dev/null ./shim; then
+		echo "check-series: patch $n does not build: $subj" >&2
+		fail=1
+		continue
+	fi
+	if [ -n "$vet" ] && ! go vet -composites=false -unsafeptr=false $vet; then
+		echo "check-series: patch $n fails go vet ($vet): $subj" >&2
+		fail=1
+	fi
+done
+[ "$fail" = 0 ] && echo "check-series: all $n prefixes build and vet"
+exit "$fail"
