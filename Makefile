@@ -2,6 +2,8 @@
 # See README.md for the two commands that matter (make demo, make test).
 
 SHELL := /bin/bash
+# A pipeline fails if any command in it fails (go test | tools/test-summary.sh).
+.SHELLFLAGS := -o pipefail -c
 PIN := $(shell cat tools/PIN)
 TREE := build/gvisor
 GO ?= go
@@ -21,9 +23,16 @@ setup:
 # Materialize build/gvisor: upstream at the pin + patches/series.
 tree:
 	tools/tree.sh
+	touch $(STAMP)
 
-$(TREE)/go.mod:
+# The tree is re-materialized whenever patches/ or the pin changed (tree.sh
+# refuses to replace a tree holding work that patches/ does not carry).
+STAMP := $(TREE)/.forkvisor-series
+$(STAMP): tools/PIN patches/series $(wildcard patches/*.patch) tools/tree.sh
 	tools/tree.sh
+	touch $@
+
+$(TREE)/go.mod: $(STAMP)
 
 # Re-export patches/ from the commits in build/gvisor.
 patches:
@@ -54,15 +63,17 @@ tick:
 vet:
 	$(GO) vet ./...
 
+# -timeout stays below CI's 90 minutes so that cleanups run; -v shows why a
+# test skipped (outside CI; under CI=true a missing prerequisite fails).
 test-fork: $(TREE)/go.mod
-	cd $(TREE) && $(GO) test -count=1 $(FORK_TEST_PKGS)
+	cd $(TREE) && $(GO) test -count=1 -timeout 20m $(FORK_TEST_PKGS)
 
 test-harness: $(TREE)/go.mod
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 45m -v ./... 2>&1 | tools/test-summary.sh
 
 # Everything CI runs: patch hygiene, the fork's tests, the harness's tests
 # (which need bin/runsc and bin/runsc-upstream for the sandbox tests).
-test: setup check-patches tree all vet test-fork test-harness
+test: setup check-patches $(STAMP) all vet test-fork test-harness
 
 # The pgalloc flatten table: N clones restored over one base.
 flatten-table: $(TREE)/go.mod

@@ -16,8 +16,8 @@ dir=$(cd "$top" && GOFLAGS=-mod=mod go mod download -json "$mod@$pin" | sed -n '
 # Refuse to throw away work: a tree with uncommitted changes, or with commits
 # that patches/ does not carry yet. FORCE=1 overrides.
 if [ -d "$dest/.git" ] && [ "${FORCE:-0}" != 1 ]; then
-	if [ -n "$(git -C "$dest" status --porcelain --untracked-files=no)" ]; then
-		echo "tree.sh: $dest has uncommitted changes; commit and export them (make patches) or rerun with FORCE=1" >&2
+	if [ -n "$(git -C "$dest" status --porcelain --untracked-files=all | grep -v ' \.forkvisor-series$')" ]; then
+		echo "tree.sh: $dest has uncommitted changes or untracked files; commit and export them (make patches), remove them, or rerun with FORCE=1" >&2
 		exit 1
 	fi
 	if git -C "$dest" rev-parse -q --verify upstream >/dev/null; then
