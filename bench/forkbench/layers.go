@@ -16,7 +16,7 @@ import (
 
 // layers parks and restores a sandbox with a writable layer of each size,
 // with both runtimes, on one loopback XFS.
-func layers(dir string, runtimes []runtime) []Result {
+func layers(dir string, runtimes []runtimeConfig) []Result {
 	if why := xfs.Available(); why != "" {
 		fmt.Fprintf(os.Stderr, "forkbench: skipping layers: %s\n", why)
 		return nil
@@ -31,7 +31,7 @@ func layers(dir string, runtimes []runtime) []Result {
 	}
 	fs, err := xfs.Mount(filepath.Join(dir, "xfs"), int64(4*total*(*layerRepeat)+4096)<<20)
 	must(err)
-	cleanups = append(cleanups, fs.Unmount)
+	addCleanup(fs.Unmount)
 	defer fs.Unmount()
 
 	var results []Result
@@ -59,10 +59,10 @@ func layers(dir string, runtimes []runtime) []Result {
 	return results
 }
 
-func layer(dir string, rt runtime, layerMiB int) Result {
+func layer(dir string, rt runtimeConfig, layerMiB int) Result {
 	base := filepath.Join(dir, fmt.Sprintf("layer%d-%s", layerMiB, rt.name))
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root")}
-	cleanups = append(cleanups, r.Cleanup)
+	addCleanup(r.Cleanup)
 	defer r.Cleanup()
 	bundle := filepath.Join(base, "bundle")
 	// A small memory state (1 MiB heap, 1 MiB read buffer, garbage collected)

@@ -35,9 +35,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -83,9 +85,9 @@ type Result struct {
 	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"` // allocated, exclusive of shared extents not counted
 }
 
-// runtime is one way of running the same scenario: a runsc binary, the flags
+// runtimeConfig is one way of running the same scenario: a runsc binary, the flags
 // its checkpoint gets, and the flags its restores get.
-type runtime struct {
+type runtimeConfig struct {
 	name        string
 	bin         string
 	fork        bool
@@ -123,6 +125,14 @@ func main() {
 	if os.Geteuid() != 0 {
 		fatalf("forkbench needs root to run sandboxes")
 	}
+	// Ctrl-C or SIGTERM tears down every sandbox, mount and loop device the
+	// benchmark started, like a failure does.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		sig := <-sigs
+		fatalf("interrupted (%v)", sig)
+	}()
 	for _, p := range []string{*upstreamBin, *forkBin, *tickBin} {
 		if _, err := os.Stat(p); err != nil {
 			fatalf("%v (run `make` first)", err)
@@ -136,10 +146,11 @@ func main() {
 		}
 		dir = d
 		defer os.RemoveAll(dir)
+		addCleanup(func() { os.RemoveAll(dir) })
 	}
 	// Upstream restores in both of its modes: plain (every page loaded
 	// before the workload runs) and --background (pages load while it runs).
-	runtimes := []runtime{
+	runtimes := []runtimeConfig{
 		{name: "upstream", bin: abs(*upstreamBin)},
 		{name: "upstream-bg", bin: abs(*upstreamBin), restoreArgs: []string{"--background"}},
 		{name: "forkvisor", bin: abs(*forkBin), fork: true},
@@ -177,7 +188,7 @@ func main() {
 	}
 	if want["layers"] {
 		// The layer scenario restores eagerly in both runtimes.
-		results = append(results, layers(dir, []runtime{runtimes[0], runtimes[2]})...)
+		results = append(results, layers(dir, []runtimeConfig{runtimes[0], runtimes[2]})...)
 	}
 	printTable(results)
 	if *jsonOut != "" {
@@ -219,10 +230,10 @@ func mergeRuns(runs []Result) Result {
 }
 
 // clones parks the scenario's workload and restores sc.n clones from it.
-func clones(dir string, rt runtime, sc cloneScenario, repark bool) (Result, *Result) {
+func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result, *Result) {
 	base := filepath.Join(dir, sc.name+"-"+rt.name)
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root")}
-	cleanups = append(cleanups, r.Cleanup)
+	addCleanup(r.Cleanup)
 	defer r.Cleanup()
 	defer os.RemoveAll(base)
 	bundle := filepath.Join(base, "bundle")
@@ -487,14 +498,26 @@ func must(err error) {
 	}
 }
 
-// cleanups tear down every runsc root the benchmark used.
-var cleanups []func()
+// cleanups tear down every runsc root, mount and temporary directory the
+// benchmark used; fatalf runs them (on a failure, Ctrl-C or SIGTERM).
+var (
+	cleanupsMu sync.Mutex
+	cleanups   []func()
+)
+
+// addCleanup registers c to run if the benchmark dies.
+func addCleanup(c func()) {
+	cleanupsMu.Lock()
+	defer cleanupsMu.Unlock()
+	cleanups = append(cleanups, c)
+}
 
 func fatalf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "forkbench: "+format+"\n", args...)
-	// Leave no sandbox behind.
-	for _, c := range cleanups {
-		c()
+	// Leave no sandbox behind, latest first.
+	cleanupsMu.Lock()
+	for i := len(cleanups) - 1; i >= 0; i-- {
+		cleanups[i]()
 	}
 	os.Exit(1)
 }

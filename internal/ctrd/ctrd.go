@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/sandbox"
@@ -119,15 +118,4 @@ func ExitCode(err error) int {
 		return ee.ExitCode()
 	}
 	return -1
-}
-
-// Lines splits output into trimmed, non-empty lines.
-func Lines(out string) []string {
-	var lines []string
-	for _, l := range strings.Split(out, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			lines = append(lines, l)
-		}
-	}
-	return lines
 }

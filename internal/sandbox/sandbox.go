@@ -24,18 +24,12 @@ type Runsc struct {
 	Bin string
 	// Root is the --root state directory; it is created if missing.
 	Root string
-	// Platform is the --platform flag (default systrap).
-	Platform string
 	// LogDir, if set, receives runsc debug logs (--debug-log).
 	LogDir string
 }
 
 func (r *Runsc) command(args ...string) *exec.Cmd {
-	platform := r.Platform
-	if platform == "" {
-		platform = "systrap"
-	}
-	global := []string{"--root", r.Root, "--network=none", "--platform=" + platform}
+	global := []string{"--root", r.Root, "--network=none", "--platform=systrap"}
 	if r.LogDir != "" {
 		global = append(global, "--debug", "--debug-log="+r.LogDir+"/")
 	}
@@ -144,8 +138,10 @@ func (r *Runsc) Cleanup() {
 	UnmountUnder(r.Root)
 }
 
-// KillByArg sends SIGKILL to every process with an argument that contains
-// s, and waits briefly for them to go.
+// KillByArg sends SIGKILL to every process that has an argument equal to s,
+// of the form --flag=s, or naming a path below s (s/...), and waits briefly
+// for them to exit. A substring never matches: /tmp/a/root does not match a
+// process of /tmp/a/root2.
 func KillByArg(s string) {
 	self := os.Getpid()
 	var pids []int
@@ -156,7 +152,7 @@ func KillByArg(s string) {
 			continue
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(cmdline, []byte(s)) {
+		if err != nil || !hasArg(cmdline, s) {
 			continue
 		}
 		unix.Kill(pid, unix.SIGKILL)
@@ -172,6 +168,21 @@ func KillByArg(s string) {
 		pids = alive
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// hasArg reports whether the NUL-separated cmdline has an argument equal to
+// s, of the form --flag=s, or naming a path below s.
+func hasArg(cmdline []byte, s string) bool {
+	for _, a := range bytes.Split(cmdline, []byte{0}) {
+		arg := string(a)
+		if arg == s || strings.HasSuffix(arg, "="+s) || strings.HasPrefix(arg, s+"/") {
+			return true
+		}
+		if _, v, ok := strings.Cut(arg, "="); ok && strings.HasPrefix(v, s+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // UnmountUnder lazily unmounts every mount point at or below dir, deepest

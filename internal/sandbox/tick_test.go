@@ -1,6 +1,9 @@
 package sandbox
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseTick(t *testing.T) {
 	for _, tc := range []struct {
@@ -17,6 +20,27 @@ func TestParseTick(t *testing.T) {
 		got, err := ParseTick(tc.line)
 		if (err == nil) != tc.ok || got != tc.want {
 			t.Errorf("ParseTick(%q) = %+v, %v; want %+v, ok=%t", tc.line, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestHasArg(t *testing.T) {
+	cmd := func(args ...string) []byte { return []byte(strings.Join(args, "\x00") + "\x00") }
+	for _, tc := range []struct {
+		cmdline []byte
+		s       string
+		want    bool
+	}{
+		{cmd("runsc", "--root", "/tmp/a/root", "run"), "/tmp/a/root", true},
+		{cmd("runsc", "--root=/tmp/a/root", "run"), "/tmp/a/root", true},
+		{cmd("runsc", "--log=/tmp/a/root/x.log"), "/tmp/a/root", true},
+		{cmd("containerd", "--state", "/tmp/a/root/state"), "/tmp/a/root", true},
+		{cmd("runsc", "--root", "/tmp/a/root2", "run"), "/tmp/a/root", false},
+		{cmd("runsc", "--root=/tmp/a/root2"), "/tmp/a/root", false},
+		{cmd("sh", "-c", "echo /tmp/a/root"), "/tmp/a/root", false},
+	} {
+		if got := hasArg(tc.cmdline, tc.s); got != tc.want {
+			t.Errorf("hasArg(%q, %q) = %t, want %t", tc.cmdline, tc.s, got, tc.want)
 		}
 	}
 }

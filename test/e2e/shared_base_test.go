@@ -184,6 +184,16 @@ func TestSharedBaseClones(t *testing.T) {
 		t.Errorf("clone 3 stopped after a refused checkpoint: %v", err)
 	}
 
+	// A plain checkpoint of a clone would silently depend on the base: it
+	// is refused before the clone is paused, naming --shared-base.
+	if err := p.r.Checkpoint("c3", filepath.Join(p.dir, "plain")); err == nil || !strings.Contains(err.Error(), "--shared-base") {
+		t.Errorf("plain checkpoint of a clone: got %v, want a refusal naming --shared-base", err)
+	}
+	n = len(sandbox.Lines(outs[3]))
+	if _, _, err := sandbox.WaitForLine(outs[3], n, 10*time.Second, sandbox.IsTick); err != nil {
+		t.Errorf("clone 3 stopped after a refused plain checkpoint: %v", err)
+	}
+
 	// Without naming the base, the restore is refused before it starts.
 	if err := p.r.Restore(p.bundle, "c1again", image2, filepath.Join(p.dir, "refused.out")); err == nil || !strings.Contains(err.Error(), "--shared-base") {
 		t.Errorf("restore of a re-parked clone without its base: got %v, want an error that asks for --shared-base", err)
