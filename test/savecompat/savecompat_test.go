@@ -4,12 +4,14 @@ package savecompat
 
 import (
 	"bytes"
-	"github.com/forkvisor/forkvisor/internal/prereq"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/forkvisor/forkvisor/internal/prereq"
 )
 
 // repoRoot is the forkvisor checkout (this package lives in test/savecompat).
@@ -26,7 +28,14 @@ func repoRoot(t *testing.T) string {
 // that gVisor tree instead of the pinned upstream module.
 func buildPgsave(t *testing.T, root, tree, out string) {
 	t.Helper()
-	args := []string{"build", "-o", out}
+	buildTool(t, root, tree, out, "./test/savecompat/pgsave")
+}
+
+// buildTool builds pkg (with the forkvisor build tag); if tree is not empty,
+// against that gVisor tree instead of the pinned upstream module.
+func buildTool(t *testing.T, root, tree, out, pkg string) {
+	t.Helper()
+	args := []string{"build", "-tags", "forkvisor", "-o", out}
 	if tree != "" {
 		dir := t.TempDir()
 		mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
@@ -46,7 +55,7 @@ func buildPgsave(t *testing.T, root, tree, out string) {
 		}
 		args = append(args, "-modfile="+filepath.Join(dir, "go.mod"))
 	}
-	args = append(args, "./test/savecompat/pgsave")
+	args = append(args, pkg)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -73,10 +82,7 @@ func runPgsave(t *testing.T, bin string) map[string][]byte {
 
 func TestForkSavesLikeUpstreamWithoutBase(t *testing.T) {
 	root := repoRoot(t)
-	tree := filepath.Join(root, "build", "gvisor")
-	if _, err := os.Stat(filepath.Join(tree, "go.mod")); err != nil {
-		prereq.Missing(t, "no materialized fork at %s (run `make tree`): %v", tree, err)
-	}
+	tree := forkTree(t, root)
 	bins := t.TempDir()
 	upstream, fork := filepath.Join(bins, "pgsave-upstream"), filepath.Join(bins, "pgsave-fork")
 	buildPgsave(t, root, "", upstream)
@@ -103,4 +109,44 @@ func TestForkSavesLikeUpstreamWithoutBase(t *testing.T) {
 			t.Logf("%s: %d bytes, identical", name, len(b))
 		}
 	}
+}
+
+// forkTree returns the materialized fork, or reports it missing.
+func forkTree(t *testing.T, root string) string {
+	t.Helper()
+	tree := filepath.Join(root, "build", "gvisor")
+	if _, err := os.Stat(filepath.Join(tree, "go.mod")); err != nil {
+		prereq.Missing(t, "no materialized fork at %s (run `make tree`): %v", tree, err)
+	}
+	return tree
+}
+
+// TestUpstreamRefusesForkFormat saves a MemoryFile against a shared base with
+// the fork (metadata Version 2) and loads it with pristine upstream's loader:
+// upstream must refuse it, naming the version, rather than load pages at the
+// wrong offsets. Upstream's own image loads (so the refusal is the format's).
+func TestUpstreamRefusesForkFormat(t *testing.T) {
+	root := repoRoot(t)
+	tree := forkTree(t, root)
+	bins := t.TempDir()
+	upstream, forkBase := filepath.Join(bins, "pgsave-upstream"), filepath.Join(bins, "pgsavebase-fork")
+	buildPgsave(t, root, "", upstream)
+	buildTool(t, root, tree, forkBase, "./test/savecompat/pgsavebase")
+
+	dir := t.TempDir()
+	if out, err := exec.Command(forkBase, dir).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", forkBase, err, out)
+	}
+	if out, err := exec.Command(upstream, dir).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", upstream, err, out)
+	}
+	if out, err := exec.Command(upstream, "-load", filepath.Join(dir, "sync.img")).CombinedOutput(); err != nil {
+		t.Fatalf("upstream cannot load its own image: %v\n%s", err, out)
+	}
+	out, err := exec.Command(upstream, "-load", filepath.Join(dir, "base-sync.img")).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 || !strings.Contains(string(out), "unsupported MemoryFileMetadataProto version 2") {
+		t.Fatalf("upstream loading the fork's shared-base image: %v\n%s\nwant a refusal of version 2", err, out)
+	}
+	t.Logf("upstream refuses: %s", strings.TrimSpace(string(out)))
 }

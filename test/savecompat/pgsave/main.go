@@ -6,96 +6,30 @@
 //
 // Usage: pgsave OUTDIR
 // writes OUTDIR/sync.img, OUTDIR/async-meta.img and OUTDIR/async-pages.img.
+//
+// pgsave -load IMG loads the synchronous image IMG into a new MemoryFile:
+// exit 0 if it loads, 3 with the loader's error if it is refused (e.g. an
+// image of a newer format, loaded by an upstream build).
 package main
 
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
-	"gvisor.dev/gvisor/pkg/hostarch"
-	"gvisor.dev/gvisor/pkg/safemem"
-	"gvisor.dev/gvisor/pkg/sentry/memmap"
 	"gvisor.dev/gvisor/pkg/sentry/pgalloc"
 	"gvisor.dev/gvisor/pkg/sentry/state/stateio"
-	"gvisor.dev/gvisor/pkg/sentry/usage"
+
+	"github.com/forkvisor/forkvisor/test/savecompat/pgfill"
 )
-
-// fill builds the same MemoryFile every time: pattern pages, zero pages,
-// pages written with zeroes, a freed range and committed zero pages.
-func fill() (*pgalloc.MemoryFile, error) {
-	fd, err := unix.MemfdCreate("pgsave", 0)
-	if err != nil {
-		return nil, fmt.Errorf("memfd_create: %w", err)
-	}
-	mf, err := pgalloc.NewMemoryFile(os.NewFile(uintptr(fd), "memfd"), pgalloc.MemoryFileOpts{
-		DisableMemoryAccounting: true,
-		DisableIMAWorkAround:    true,
-	})
-	if err != nil {
-		return nil, err
-	}
-	alloc := func(pages int, mode pgalloc.AllocationMode) (memmap.FileRange, error) {
-		return mf.Allocate(uint64(pages)*hostarch.PageSize, pgalloc.AllocOpts{Kind: usage.Anonymous, Mode: mode})
-	}
-	write := func(off uint64, b []byte) error {
-		ims, err := mf.MapInternal(memmap.FileRange{Start: off, End: off + uint64(len(b))}, hostarch.Write)
-		if err != nil {
-			return err
-		}
-		_, err = safemem.CopySeq(ims, safemem.BlockSeqOf(safemem.BlockFromSafeSlice(b)))
-		return err
-	}
-	page := func(i int) []byte {
-		b := make([]byte, hostarch.PageSize)
-		for j := 0; j < len(b); j += 8 {
-			binary.LittleEndian.PutUint64(b[j:], uint64(i)<<20|uint64(j)|1)
-		}
-		return b
-	}
-
-	a, err := alloc(64, pgalloc.AllocateAndWritePopulate)
-	if err != nil {
-		return nil, err
-	}
-	for i := 0; i < 64; i++ {
-		switch {
-		case i%5 == 0: // never written
-		case i%7 == 0:
-			err = write(a.Start+uint64(i)*hostarch.PageSize, make([]byte, hostarch.PageSize))
-		default:
-			err = write(a.Start+uint64(i)*hostarch.PageSize, page(i))
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	b, err := alloc(32, pgalloc.AllocateAndCommit)
-	if err != nil {
-		return nil, err
-	}
-	if err := write(b.Start+3*hostarch.PageSize, page(1000)); err != nil {
-		return nil, err
-	}
-	mf.DecRef(memmap.FileRange{Start: b.Start + 16*hostarch.PageSize, End: b.End})
-	c, err := alloc(8, pgalloc.AllocateUncommitted)
-	if err != nil {
-		return nil, err
-	}
-	if err := write(c.Start, page(2000)); err != nil {
-		return nil, err
-	}
-	return mf, nil
-}
 
 func run(out string) error {
 	ctx := context.Background()
 
-	mf, err := fill()
+	mf, err := pgfill.New()
 	if err != nil {
 		return err
 	}
@@ -107,7 +41,7 @@ func run(out string) error {
 		return err
 	}
 
-	mf, err = fill()
+	mf, err = pgfill.New()
 	if err != nil {
 		return err
 	}
@@ -132,9 +66,36 @@ func run(out string) error {
 	return os.WriteFile(filepath.Join(out, "async-meta.img"), meta.Bytes(), 0644)
 }
 
+// load loads the synchronous image at path into a new MemoryFile.
+func load(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.MemfdCreate("pgload", 0)
+	if err != nil {
+		return fmt.Errorf("memfd_create: %w", err)
+	}
+	mf, err := pgalloc.NewMemoryFile(os.NewFile(uintptr(fd), "memfd"), pgalloc.MemoryFileOpts{
+		DisableMemoryAccounting: true,
+		DisableIMAWorkAround:    true,
+	})
+	if err != nil {
+		return err
+	}
+	return mf.LoadFrom(context.Background(), bytes.NewReader(data), &pgalloc.LoadOpts{})
+}
+
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "-load" {
+		if err := load(os.Args[2]); err != nil {
+			fmt.Fprintf(os.Stderr, "pgsave: loading %s: %v\n", os.Args[2], err)
+			os.Exit(3)
+		}
+		return
+	}
 	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: pgsave OUTDIR")
+		fmt.Fprintln(os.Stderr, "usage: pgsave OUTDIR | pgsave -load IMG")
 		os.Exit(2)
 	}
 	if err := run(os.Args[1]); err != nil {
