@@ -444,14 +444,14 @@ func TestFilestoreKilledCheckpoint(t *testing.T) {
 		err = e.r.Restore(e.bundle, restoreID, image, out, "--filestore-adopt-dir="+snap)
 		if err != nil {
 			refused++
-			t.Logf("killed after %v: restore refused: %v", delay, err)
+			t.Logf("round %d (kill after %v): restore refused: %v", i, delay, err)
 			if out, _ := e.r.Exec("list", "-quiet"); strings.Contains(out, restoreID) {
 				t.Errorf("refused restore left %s behind", restoreID)
 			}
 			continue
 		}
 		complete++
-		t.Logf("killed after %v: snapshot complete, restored", delay)
+		t.Logf("round %d (kill after %v; -1: not killed): snapshot complete, restored", i, delay)
 		fullCheck(t, out, 16)
 		e.r.Destroy(restoreID)
 	}
