@@ -43,7 +43,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/forkvisor/forkvisor/internal/memstat"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
@@ -283,7 +282,9 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 			// come later in a fleet's life.
 			res.FirstRestoreMs = append(res.FirstRestoreMs, ms(time.Since(start)))
 			if rt.fork {
-				waitWriteSet(filepath.Join(image, "base.writeset"))
+				if err := sandbox.WaitWriteSet(filepath.Join(image, "base.writeset"), 15*time.Second); err != nil {
+					fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
+				}
 			}
 		} else {
 			res.RestoreMs = append(res.RestoreMs, ms(time.Since(start)))
@@ -307,15 +308,8 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 			fatalf("%s %s: clone heap corrupt: %s", rt.name, sc.name, line)
 		}
 	}
-	var all, sentries memstat.Usage
-	for _, id := range ids {
-		pid, err := r.SandboxPID(id)
-		must(err)
-		m, err := memstat.OfSandbox(pid, r.GoferPID(id))
-		must(err)
-		all.Add(m.All)
-		sentries.Add(m.Sentry)
-	}
+	all, sentries, err := r.Memory(ids...)
+	must(err)
 	res.TotalPssMiB = float64(all.Pss) / 1024
 	res.TotalRssMiB = float64(all.Rss) / 1024
 	res.SentryPssMiB = float64(sentries.Pss) / 1024
@@ -335,17 +329,6 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 		r.Destroy(id)
 	}
 	return res, reparkRes
-}
-
-// waitWriteSet waits (at most 15 s) until the write set at path is
-// complete; a clone that never writes its base leaves an empty set.
-func waitWriteSet(path string) {
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if b, err := os.ReadFile(path); err == nil && strings.HasPrefix(string(b), "GVWRSET\x00") {
-			return
-		}
-	}
-	fmt.Fprintf(os.Stderr, "forkbench: no write set at %s after 15 s\n", path)
 }
 
 func printTable(results []Result) {

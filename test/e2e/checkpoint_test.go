@@ -16,22 +16,13 @@ func TestCheckpointRestoreWithoutBase(t *testing.T) {
 	for _, name := range []string{"runsc-upstream", "runsc"} {
 		t.Run(name, func(t *testing.T) {
 			src := startSource(t, name, 32)
-			r, dir, bundle, srcOut := src.r, src.dir, src.bundle, src.out
-
-			image := filepath.Join(dir, "image")
-			if err := r.Checkpoint("source", image); err != nil {
-				t.Fatal(err)
-			}
-			r.Destroy("source")
-			last := lastTick(t, srcOut)
-			if st, err := os.Stat(filepath.Join(image, "pages.img")); err != nil || st.Size() < 32<<20 {
+			p := src.park(t, filepath.Join(src.dir, "image"))
+			if st, err := os.Stat(filepath.Join(p.image, "pages.img")); err != nil || st.Size() < 32<<20 {
 				t.Fatalf("pages.img: %v (size %d), want at least the 32 MiB heap", err, st.Size())
 			}
-
-			p := &parked{r: r, dir: dir, bundle: bundle, image: image, lastTick: last.N}
-			out := p.restoreClone(t, "clone", image, last.N)
+			out := p.restoreClone(t, "clone", p.image, p.lastTick)
 			// Let the checksum walk the whole heap (32 MiB at 4 MiB per tick).
-			waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= last.N+1+32/4+2 })
+			waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= p.lastTick+1+32/4+2 })
 		})
 	}
 }

@@ -93,3 +93,14 @@ func startSource(t *testing.T, name string, mib int, args ...string) *source {
 	}
 	return s
 }
+
+// park checkpoints the source into image with the extra checkpoint flags,
+// removes it, and returns what clones are restored from.
+func (s *source) park(t *testing.T, image string, flags ...string) *parked {
+	t.Helper()
+	if err := s.r.Checkpoint("source", image, flags...); err != nil {
+		t.Fatal(err)
+	}
+	s.r.Destroy("source")
+	return &parked{r: s.r, dir: s.dir, bundle: s.bundle, image: image, lastTick: lastTick(t, s.out).N}
+}

@@ -27,19 +27,13 @@ func TestSharedBasePythonClones(t *testing.T) {
 	if err := sandbox.NewPyAgentBundle(bundle, repoRoot, 50000, 100*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	srcOut := filepath.Join(dir, "source.out")
-	if err := r.Run(bundle, "source", srcOut); err != nil {
+	src := &source{r: r, dir: dir, bundle: bundle, out: filepath.Join(dir, "source.out")}
+	if err := r.Run(bundle, "source", src.out); err != nil {
 		t.Fatal(err)
 	}
-	waitTick(t, srcOut, 0, "the agent's third tick", func(tk sandbox.Tick) bool { return tk.N >= 3 })
-	image := filepath.Join(dir, "image")
-	if err := r.Checkpoint("source", image, "--shared-base"); err != nil {
-		t.Fatal(err)
-	}
-	last := lastTick(t, srcOut).N
-	r.Destroy("source")
-
-	p := &parked{r: r, dir: dir, bundle: bundle, image: image, lastTick: last}
+	waitTick(t, src.out, 0, "the agent's third tick", func(tk sandbox.Tick) bool { return tk.N >= 3 })
+	p := src.park(t, filepath.Join(dir, "image"), "--shared-base")
+	image, last := p.image, p.lastTick
 	marks := map[string]bool{}
 	for i := 0; i < 3; i++ {
 		id := fmt.Sprintf("py%d", i)

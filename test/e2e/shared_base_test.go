@@ -29,13 +29,7 @@ type parked struct {
 func parkSource(t *testing.T, mib int, args ...string) *parked {
 	t.Helper()
 	src := startSource(t, "runsc", mib, args...)
-	r, dir, bundle, out := src.r, src.dir, src.bundle, src.out
-	image := filepath.Join(dir, "image")
-	if err := r.Checkpoint("source", image, "--shared-base"); err != nil {
-		t.Fatal(err)
-	}
-	r.Destroy("source")
-	return &parked{r: r, dir: dir, bundle: bundle, image: image, lastTick: lastTick(t, out).N}
+	return src.park(t, filepath.Join(src.dir, "image"), "--shared-base")
 }
 
 // restoreClone restores id from image (extra restore flags allowed), checks

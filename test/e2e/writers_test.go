@@ -20,17 +20,9 @@ import (
 // gofer; each address space once) of containers ids.
 func fleetPss(t *testing.T, r *sandbox.Runsc, ids []string) float64 {
 	t.Helper()
-	var all memstat.Usage
-	for _, id := range ids {
-		pid, err := r.SandboxPID(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := memstat.OfSandbox(pid, r.GoferPID(id))
-		if err != nil {
-			t.Fatal(err)
-		}
-		all.Add(m.All)
+	all, _, err := r.Memory(ids...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return float64(all.Pss) / 1024
 }
@@ -50,22 +42,16 @@ func waitFullCheck(t *testing.T, out string, mib int) sandbox.Tick {
 func upstreamFleetPss(t *testing.T, mib, n int, args ...string) float64 {
 	t.Helper()
 	src := startSource(t, "runsc-upstream", mib, args...)
-	image := filepath.Join(src.dir, "image")
-	if err := src.r.Checkpoint("source", image); err != nil {
-		t.Fatal(err)
-	}
-	last := lastTick(t, src.out).N
-	src.r.Destroy("source")
-	p := &parked{r: src.r, dir: src.dir, bundle: src.bundle, image: image, lastTick: last}
+	p := src.park(t, filepath.Join(src.dir, "image"))
 	var ids []string
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("u%d", i)
-		waitFullCheck(t, p.restoreClone(t, id, image, last), mib)
+		waitFullCheck(t, p.restoreClone(t, id, p.image, p.lastTick), mib)
 		ids = append(ids, id)
 	}
-	pss := fleetPss(t, src.r, ids)
+	pss := fleetPss(t, p.r, ids)
 	for _, id := range ids {
-		src.r.Destroy(id)
+		p.r.Destroy(id)
 	}
 	return pss
 }
@@ -138,14 +124,9 @@ func TestSharedBaseWriterClones(t *testing.T) {
 // waitWriteSet waits for a complete write set at path.
 func waitWriteSet(t *testing.T, path string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(path); err == nil && len(b) > 8 && bytes.HasPrefix(b, []byte("GVWRSET\x00")) {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := sandbox.WaitWriteSet(path, 15*time.Second); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no write set written to %s", path)
 }
 
 // logsContain reports whether a runsc debug log under dir contains s.
@@ -223,14 +204,8 @@ func TestSharedBaseExecBreaksCOW(t *testing.T) {
 		prereq.Missing(t, "mounting a noexec tmpfs: %v", err)
 	}
 	t.Cleanup(func() { unix.Unmount(noexec, unix.MNT_DETACH) })
-	image := filepath.Join(noexec, "image")
-	if err := src.r.Checkpoint("source", image, "--shared-base"); err != nil {
-		t.Fatal(err)
-	}
-	last := lastTick(t, src.out).N
-	src.r.Destroy("source")
-	p := &parked{r: src.r, dir: src.dir, bundle: src.bundle, image: image, lastTick: last}
-	out := p.restoreClone(t, "x", image, last)
+	p := src.park(t, filepath.Join(noexec, "image"), "--shared-base")
+	out := p.restoreClone(t, "x", p.image, p.lastTick)
 	n := len(sandbox.Lines(out))
 	p.send(t, "x", "exec")
 	line, _, err := sandbox.WaitForLine(out, n, 30*time.Second, func(l string) bool { return strings.HasPrefix(l, "exec ") })
