@@ -10,11 +10,11 @@ GO ?= go
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath
 UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvisor@$(PIN) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
-FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/
+FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/ ./runsc/config/
 
-.PHONY: setup all tree patches check-patches check-series runsc runsc-upstream tick shim test test-fork test-harness vet demo flatten-table bench clean
+.PHONY: setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe clone-probe shim test test-fork test-harness vet demo flatten-table bench clean
 
-all: runsc runsc-upstream tick shim
+all: runsc runsc-upstream tick cloneprobe shim
 
 # Machine set-up beyond Go (xfsprogs).
 setup:
@@ -56,9 +56,16 @@ runsc-upstream:
 shim: $(TREE)/go.mod
 	cd $(TREE) && $(GOBUILD) -o $(CURDIR)/bin/containerd-shim-runsc-v1 ./shim
 
-# The built-in workload (static).
+# The built-in workloads (static).
 tick:
 	$(GOBUILD) -o bin/tick ./test/workloads/tick
+
+cloneprobe:
+	$(GOBUILD) -o bin/cloneprobe ./test/workloads/cloneprobe
+
+# The clone contract, upstream beside forkvisor (4 clones each).
+clone-probe: all
+	go run ./bench/cloneprobe
 
 vet:
 	$(GO) vet ./...

@@ -42,6 +42,8 @@ git -C "$dest" init -q -b forkvisor
 git -C "$dest" config user.name forkvisor
 git -C "$dest" config user.email forkvisor@localhost
 git -C "$dest" config core.autocrlf false
+# The Makefile's stamp is not part of the tree.
+echo .forkvisor-series >>"$dest/.git/info/exclude"
 git -C "$dest" add -A -f
 git -C "$dest" commit -q -m "upstream $mod@$pin"
 git -C "$dest" tag upstream

@@ -327,3 +327,28 @@ func (r *Runsc) GoferPID(id string) int {
 	}
 	return 0
 }
+
+// Annotate adds annotations to the OCI spec of the bundle in dir.
+func Annotate(dir string, annotations map[string]string) error {
+	path := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	a, _ := spec["annotations"].(map[string]any)
+	if a == nil {
+		a = map[string]any{}
+	}
+	for k, v := range annotations {
+		a[k] = v
+	}
+	spec["annotations"] = a
+	if b, err = json.MarshalIndent(spec, "", "  "); err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}

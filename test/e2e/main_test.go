@@ -20,6 +20,8 @@ var (
 	repoRoot string
 	// tickBin is the static tick workload, built once by TestMain.
 	tickBin string
+	// probeBin is the static cloneprobe workload, built once by TestMain.
+	probeBin string
 )
 
 func TestMain(m *testing.M) {
@@ -35,12 +37,15 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	tickBin = filepath.Join(dir, "tick")
-	cmd := exec.Command("go", "build", "-o", tickBin, "./test/workloads/tick")
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the tick workload: %v\n%s", err, out)
-		os.Exit(1)
+	probeBin = filepath.Join(dir, "cloneprobe")
+	for bin, pkg := range map[string]string{tickBin: "./test/workloads/tick", probeBin: "./test/workloads/cloneprobe"} {
+		cmd := exec.Command("go", "build", "-o", bin, pkg)
+		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "building %s: %v\n%s", pkg, err, out)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
