@@ -215,19 +215,39 @@ func TestSharedBaseRefusesBadBase(t *testing.T) {
 	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img", "base.json"} {
 		sparseCopy(t, filepath.Join(p.image, name), filepath.Join(noBase, name))
 	}
-	truncated := filepath.Join(p.dir, "truncated.img")
-	sparseCopy(t, base, truncated)
+	// copies returns the path of a copy of base.img, in its own directory
+	// with a copy of base.json (the publish record), after mutate.
+	copies := func(name string, mutate func(path string)) string {
+		dir := filepath.Join(p.dir, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "base.img")
+		sparseCopy(t, base, path)
+		sparseCopy(t, filepath.Join(p.image, "base.json"), filepath.Join(dir, "base.json"))
+		mutate(path)
+		return path
+	}
 	st, err := os.Stat(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(truncated, st.Size()/2); err != nil {
-		t.Fatal(err)
-	}
+	truncated := copies("truncated", func(path string) {
+		if err := os.Truncate(path, st.Size()/2); err != nil {
+			t.Fatal(err)
+		}
+	})
 	// Same length, one byte of data changed.
-	tampered := filepath.Join(p.dir, "tampered.img")
-	sparseCopy(t, base, tampered)
-	flipFirstDataByte(t, tampered)
+	tampered := copies("tampered", func(path string) { flipFirstDataByte(t, path) })
+	// What a checkpoint that died before publishing leaves: the file the
+	// sentry wrote, writable, without a publish record.
+	unpublished := copies("unpublished", func(path string) {
+		os.Chmod(path, 0o644)
+		os.Remove(filepath.Join(filepath.Dir(path), "base.json"))
+	})
+	writable := copies("writable", func(path string) { os.Chmod(path, 0o644) })
+	noRecord := copies("norecord", func(path string) { os.Remove(filepath.Join(filepath.Dir(path), "base.json")) })
+	notRoot := copies("notroot", func(path string) { os.Chown(path, 65534, 65534) })
 
 	for _, tc := range []struct {
 		name, image string
@@ -238,6 +258,10 @@ func TestSharedBaseRefusesBadBase(t *testing.T) {
 		{"truncated", p.image, []string{"--shared-base=" + truncated}, "bytes, but the checkpoint"},
 		{"tampered", p.image, []string{"--shared-base=" + tampered}, "does not match the checkpoint"},
 		{"named base missing", p.image, []string{"--shared-base=/nonexistent"}, "needs shared base"},
+		{"unpublished", p.image, []string{"--shared-base=" + unpublished}, "was never published"},
+		{"writable", p.image, []string{"--shared-base=" + writable}, "is writable"},
+		{"no publish record", p.image, []string{"--shared-base=" + noRecord}, "has no publish record"},
+		{"not root-owned", p.image, []string{"--shared-base=" + notRoot}, "owned by uid 65534"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := "refused-" + strings.ReplaceAll(tc.name, " ", "-")
@@ -255,6 +279,20 @@ func TestSharedBaseRefusesBadBase(t *testing.T) {
 	}
 	// The good base still works after the refusals.
 	p.restoreClone(t, "good", p.image, p.lastTick)
+
+	// The base is now verified and cached on this host. Changed in place
+	// (root can), it must be hashed again and refused; changed back, it
+	// is accepted again.
+	off := flipFirstDataByte(t, base)
+	err = p.r.Restore(p.bundle, "tampered-in-place", p.image, filepath.Join(p.dir, "tip.out"))
+	if err == nil || !strings.Contains(err.Error(), "does not match the checkpoint") {
+		t.Errorf("restore over a cached base changed in place: got %v, want a refusal", err)
+	}
+	flipByteAt(t, base, off)
+	if fileSum(t, base) != before {
+		t.Fatalf("base.img not restored")
+	}
+	p.restoreClone(t, "good-again", p.image, p.lastTick)
 }
 
 // sparseCopy copies src to dst keeping holes.
@@ -265,10 +303,11 @@ func sparseCopy(t *testing.T, src, dst string) {
 	}
 }
 
-// flipFirstDataByte inverts the first non-zero byte of path.
-func flipFirstDataByte(t *testing.T, path string) {
+// flipFirstDataByte inverts the first non-zero byte of path and returns its
+// offset.
+func flipFirstDataByte(t *testing.T, path string) int64 {
 	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,15 +317,31 @@ func flipFirstDataByte(t *testing.T, path string) {
 		n, err := f.ReadAt(buf, off)
 		for i := 0; i < n; i++ {
 			if buf[i] != 0 {
-				if _, err := f.WriteAt([]byte{^buf[i]}, off+int64(i)); err != nil {
-					t.Fatal(err)
-				}
-				return
+				flipByteAt(t, path, off+int64(i))
+				return off + int64(i)
 			}
 		}
 		if err != nil {
 			t.Fatalf("%s: no non-zero byte (%v)", path, err)
 		}
+	}
+}
+
+// flipByteAt inverts the byte at off in path.
+func flipByteAt(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [1]byte
+	if _, err := f.ReadAt(b[:], off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] = ^b[0]
+	if _, err := f.WriteAt(b[:], off); err != nil {
+		t.Fatal(err)
 	}
 }
 
