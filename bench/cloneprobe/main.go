@@ -48,7 +48,7 @@ func main() {
 		}
 		fmt.Fprintf(os.Stderr, "cloneprobe: %s: park, %d clones, re-park\n", run.name, *clones)
 		res, err := cloneprobe.Run(cloneprobe.Options{
-			Runsc:     &sandbox.Runsc{Bin: abs(run.bin), Root: filepath.Join(d, "root")},
+			Runsc:     &sandbox.Runsc{Bin: abs(run.bin), Root: filepath.Join(d, "root"), Upstream: run.name == "upstream"},
 			ProbeBin:  abs("bin/cloneprobe"),
 			Dir:       d,
 			Clones:    *clones,

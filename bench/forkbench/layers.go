@@ -61,7 +61,7 @@ func layers(dir string, runtimes []runtimeConfig) []Result {
 
 func layer(dir string, rt runtimeConfig, layerMiB int) Result {
 	base := filepath.Join(dir, fmt.Sprintf("layer%d-%s", layerMiB, rt.name))
-	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root")}
+	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork}
 	addCleanup(r.Cleanup)
 	defer r.Cleanup()
 	bundle := filepath.Join(base, "bundle")

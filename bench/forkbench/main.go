@@ -231,7 +231,7 @@ func mergeRuns(runs []Result) Result {
 // clones parks the scenario's workload and restores sc.n clones from it.
 func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result, *Result) {
 	base := filepath.Join(dir, sc.name+"-"+rt.name)
-	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root")}
+	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork}
 	addCleanup(r.Cleanup)
 	defer r.Cleanup()
 	defer os.RemoveAll(base)

@@ -26,10 +26,27 @@ type Runsc struct {
 	Root string
 	// LogDir, if set, receives runsc debug logs (--debug-log).
 	LogDir string
+	// BaseStore is the node base store (--base-store) of the fork; default
+	// Root+"-bases", so that tests and benchmarks never fill the host's
+	// store. Empty for a runsc without the flag (upstream): see Upstream.
+	BaseStore string
+	// Upstream marks an upstream runsc, which has no --base-store.
+	Upstream bool
+}
+
+// StorePath returns the node base store r uses.
+func (r *Runsc) StorePath() string {
+	if r.BaseStore != "" {
+		return r.BaseStore
+	}
+	return r.Root + "-bases"
 }
 
 func (r *Runsc) command(args ...string) *exec.Cmd {
 	global := []string{"--root", r.Root, "--network=none", "--platform=systrap"}
+	if !r.Upstream {
+		global = append(global, "--base-store="+r.StorePath())
+	}
 	if r.LogDir != "" {
 		global = append(global, "--debug", "--debug-log="+r.LogDir+"/")
 	}

@@ -80,7 +80,7 @@ func startSource(t *testing.T, name string, mib int, args ...string) *source {
 	t.Helper()
 	bin := binary(t, name)
 	dir := t.TempDir()
-	s := &source{r: &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}, dir: dir}
+	s := &source{r: &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root"), Upstream: name == "runsc-upstream"}, dir: dir}
 	t.Cleanup(s.r.Cleanup)
 	s.bundle = filepath.Join(dir, "bundle")
 	if err := sandbox.NewBundle(s.bundle, tickBin, append([]string{"-mib", fmt.Sprint(mib), "-interval", "50ms"}, args...)...); err != nil {
