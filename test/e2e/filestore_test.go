@@ -40,7 +40,9 @@ func newLayerEnv(t *testing.T, fileMiB int) *layerEnv {
 	}
 	t.Cleanup(fs.Unmount)
 	e := &layerEnv{fs: fs, dir: fs.Dir}
-	e.r = &sandbox.Runsc{Bin: bin, Root: filepath.Join(t.TempDir(), "root")}
+	// The node base store on the same filesystem as the images, so that
+	// images link their base (as on a node that keeps both on one disk).
+	e.r = &sandbox.Runsc{Bin: bin, Root: filepath.Join(t.TempDir(), "root"), BaseStore: filepath.Join(fs.Dir, "bases")}
 	t.Cleanup(e.r.Cleanup)
 	e.bundle = filepath.Join(e.dir, "bundle")
 	if err := sandbox.NewBundle(e.bundle, tickBin, "-mib", "16", "-interval", "50ms", "-file", "/layer.bin", "-file-mib", fmt.Sprint(fileMiB)); err != nil {
@@ -202,8 +204,9 @@ func TestFilestoreParkFanOutLineage(t *testing.T) {
 	e.r.Destroy("source")
 	last := lastTick(t, srcOut)
 	var m struct {
-		Version    int
-		Filestores []struct {
+		Version     int
+		SnapshotSet string `json:"snapshot_set"`
+		Filestores  []struct {
 			File         string `json:"file"`
 			ResourcePath string `json:"resource_path"`
 			SizeBytes    uint64 `json:"size_bytes"`
@@ -213,7 +216,7 @@ func TestFilestoreParkFanOutLineage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 || len(m.Filestores) != 1 || m.Filestores[0].ResourcePath != "/" {
+	if err := json.Unmarshal(b, &m); err != nil || m.Version != 2 || m.SnapshotSet == "" || len(m.Filestores) != 1 || m.Filestores[0].ResourcePath != "/" {
 		t.Fatalf("filestores.json: %s (%v)", b, err)
 	}
 	// The layer is not in the image: pages.img holds the memory only (a
