@@ -42,7 +42,8 @@ root = %q
 [runsc_config]
   network = "none"
   platform = "systrap"
-`, filepath.Join(repoBin, "runsc"), filepath.Join(dir, "runsc-root"))
+  base-store = %q
+`, filepath.Join(repoBin, "runsc"), filepath.Join(dir, "runsc-root"), c.baseStore())
 	if err := os.WriteFile(c.RuntimeConfig, []byte(runscConfig), 0o644); err != nil {
 		return nil, err
 	}
@@ -71,6 +72,33 @@ root = %q
 	}
 	c.Stop()
 	return nil, fmt.Errorf("containerd did not come up; log: %s", filepath.Join(dir, "containerd.log"))
+}
+
+// ContentBytes returns the bytes that containerd's content store holds.
+func (c *Containerd) ContentBytes() (int64, error) {
+	var n int64
+	err := filepath.WalkDir(filepath.Join(c.dir, "root", "io.containerd.content.v1.content"), func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		n += info.Size()
+		return nil
+	})
+	return n, err
+}
+
+func (c *Containerd) baseStore() string {
+	return filepath.Join(c.dir, "bases")
+}
+
+// Runsc returns runsc (bin) with the root and node base store that the shim
+// gives the sandboxes of containerd's namespace "default".
+func (c *Containerd) Runsc(bin string) *sandbox.Runsc {
+	return &sandbox.Runsc{Bin: bin, Root: filepath.Join(c.dir, "runsc-root", "default"), BaseStore: c.baseStore()}
 }
 
 func (c *Containerd) socket() string {

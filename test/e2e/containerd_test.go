@@ -151,3 +151,95 @@ func TestContainerdCheckpointRestore(t *testing.T) {
 		t.Errorf("restored task: %+v; want mark %s, tick after %d, heap ok", after, before.Mark, before.N)
 	}
 }
+
+// TestContainerdSharedBaseClones parks a task through containerd with a
+// shared base (annotation dev.forkvisor.checkpoint.shared-base) and restores
+// 4 tasks from that one checkpoint: containerd's checkpoint holds only the
+// delta (the base stays in the node base store), every task continues with
+// the parked memory, and the 4 share the base.
+func TestContainerdSharedBaseClones(t *testing.T) {
+	const mib, clones = 64, 4
+	c := startContainerd(t)
+	image := "forkvisor.local/tick64:test"
+	tarball := filepath.Join(t.TempDir(), "tick64.tar")
+	f, err := os.Create(tarball)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ociimage.Write(f, image, tickBin, "-mib", fmt.Sprint(mib), "-interval", "50ms"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	ctr(t, c, "images", "import", tarball)
+	ctr(t, c, append(append([]string{"run", "-d", "--annotation", "dev.forkvisor.checkpoint.shared-base=true"}, c.RunArgs()...), image, "src")...)
+	ctr(t, c, "tasks", "exec", "--exec-id", "mark", "src", "/workload", "-send", "mark")
+	var before sandbox.Tick
+	for i := 0; i < 50; i++ {
+		if before = dump(t, c, "src"); before.Mark != "0" {
+			break
+		}
+	}
+	contentBefore, err := c.ContentBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr(t, c, "containers", "checkpoint", "--task", "src", "forkvisor.local/checkpoint:sb")
+	ctr(t, c, "tasks", "kill", "-s", "KILL", "src")
+
+	// containerd's checkpoint: the delta, not the base.
+	contentAfter, err := c.ContentBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	added := float64(contentAfter-contentBefore) / (1 << 20)
+	t.Logf("containerd's content store grew by %.1f MiB for the checkpoint", added)
+	if added > mib/4 {
+		t.Errorf("containerd's checkpoint added %.1f MiB to its content store; want the delta only (the %d MiB base stays in the node base store)", added, mib)
+	}
+
+	var ids []string
+	for i := 0; i < clones; i++ {
+		id := fmt.Sprintf("clone%d", i)
+		ctr(t, c, "containers", "restore", "--live", id, "forkvisor.local/checkpoint:sb")
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		after := dump(t, c, id)
+		if after.Mark != before.Mark || after.N <= before.N || !after.OK {
+			t.Errorf("%s: %+v; want mark %s, tick after %d, heap ok", id, after, before.Mark, before.N)
+		}
+	}
+	// Sharing: the clones together fit in one base and 48 MiB each (as in
+	// TestSharedBaseReadersShareMemory); 4 private copies do not.
+	r := c.Runsc(binary(t, "runsc"))
+	all, _, err := r.Memory(ids...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pss := float64(all.Pss) / 1024
+	bound := float64(mib + clones*48)
+	t.Logf("%d clones of a %d MiB task restored through containerd: total Pss %.1f MiB (bound %.0f)", clones, mib, pss, bound)
+	if pss > bound {
+		t.Errorf("clones use %.1f MiB in total, over the bound %.0f MiB: they do not share the base", pss, bound)
+	}
+}
+
+// TestContainerdAnnotationAllowlist checks that a forkvisor annotation that
+// is not an allowed switch fails the task's start before runsc runs it.
+func TestContainerdAnnotationAllowlist(t *testing.T) {
+	c := startContainerd(t)
+	for i, a := range []string{
+		"dev.forkvisor.checkpoint.filestore-snapshot-dir=/etc",
+		"dev.forkvisor.checkpoint.shared-base=yes",
+	} {
+		id := fmt.Sprintf("refused%d", i)
+		out, err := c.Ctr(append(append([]string{"run", "-d", "--annotation", a}, c.RunArgs()...), tickImage, id)...)
+		key, _, _ := strings.Cut(a, "=")
+		if err == nil || !strings.Contains(out, key) {
+			t.Errorf("ctr run with annotation %s: %v: %s; want a start error naming %s", a, err, out, key)
+		}
+		if list, _ := c.Runsc(binary(t, "runsc")).Exec("list", "-quiet"); strings.Contains(list, id) && strings.Contains(list, "running") {
+			t.Errorf("%s is running despite the refused annotation", id)
+		}
+	}
+}
