@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh installs what the tests and benchmarks need beyond Go, on a fresh
 # machine of this kind (Debian, root): xfsprogs for loopback XFS with reflink,
-# and containerd 1.7 under build/containerd (tools/containerd.sh).
+# containerd 1.7 under build/containerd (tools/containerd.sh) and Debian's
+# CNI plugins under build/cni (tools/cni.sh).
 set -euo pipefail
 if ! command -v mkfs.xfs >/dev/null 2>&1; then
 	if [ "$(id -u)" != 0 ]; then
@@ -16,6 +17,7 @@ echo "setup.sh: mkfs.xfs at $(command -v mkfs.xfs)"
 # containerd 1.7 for the shim tests (under build/, not installed).
 if [ "$(id -u)" = 0 ]; then
 	"$(dirname "$0")/containerd.sh" || echo "setup.sh: could not fetch containerd 1.7; the containerd tests will skip" >&2
+	"$(dirname "$0")/cni.sh" || echo "setup.sh: could not fetch Debian's CNI plugins; the CRI tests will skip" >&2
 fi
 # A Debian rootfs with python3 for the pyagent workload (build/pyrootfs, cached).
 "$(dirname "$0")/pyrootfs.sh" || { [ "${CI:-}" != true ] || exit 1; echo "setup.sh: no Python rootfs; the pyagent tests will skip" >&2; }

@@ -27,7 +27,7 @@ func startContainerd(t *testing.T) *ctrd.Containerd {
 		prereq.Missing(t, "containerd 1.7 not fetched (tools/containerd.sh, run by `make test`): %v", err)
 	}
 	dir := t.TempDir()
-	c, err := ctrd.Start(dir, ctrdBin, filepath.Join(repoRoot, "bin"))
+	c, err := ctrd.Start(dir, ctrdBin, filepath.Join(repoRoot, "bin"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

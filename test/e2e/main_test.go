@@ -22,6 +22,8 @@ var (
 	tickBin string
 	// probeBin is the static cloneprobe workload, built once by TestMain.
 	probeBin string
+	// pauseBin is the static pod sandbox workload of the CRI tests.
+	pauseBin string
 )
 
 func TestMain(m *testing.M) {
@@ -38,7 +40,8 @@ func TestMain(m *testing.M) {
 	}
 	tickBin = filepath.Join(dir, "tick")
 	probeBin = filepath.Join(dir, "cloneprobe")
-	for bin, pkg := range map[string]string{tickBin: "./test/workloads/tick", probeBin: "./test/workloads/cloneprobe"} {
+	pauseBin = filepath.Join(dir, "pause")
+	for bin, pkg := range map[string]string{tickBin: "./test/workloads/tick", probeBin: "./test/workloads/cloneprobe", pauseBin: "./test/workloads/pause"} {
 		cmd := exec.Command("go", "build", "-o", bin, pkg)
 		cmd.Dir = repoRoot
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
