@@ -16,7 +16,11 @@ import (
 
 // layers parks and restores a sandbox with a writable layer of each size,
 // with both runtimes, on one loopback XFS.
-func layers(dir string, runtimes []runtimeConfig) []Result {
+//
+// With dirty, each park follows the layer's writing at once (nothing
+// flushed by the caller) and leaves the sandbox running: the result's
+// FreezeMs is the longest gap between its 50 ms ticks around the park.
+func layers(dir string, runtimes []runtimeConfig, dirty bool) []Result {
 	if why := xfs.Available(); why != "" {
 		fmt.Fprintf(os.Stderr, "forkbench: skipping layers: %s\n", why)
 		return nil
@@ -41,15 +45,18 @@ func layers(dir string, runtimes []runtimeConfig) []Result {
 			// report medians over repeats on this shared machine.
 			var runs []Result
 			for i := 0; i < *layerRepeat; i++ {
-				runs = append(runs, layer(filepath.Join(fs.Dir, fmt.Sprint(i)), rt, mib))
+				runs = append(runs, layer(filepath.Join(fs.Dir, fmt.Sprint(i)), rt, mib, dirty))
 			}
 			res := runs[len(runs)-1]
-			var park, restore []float64
+			var park, restore, freeze []float64
 			for _, r := range runs {
 				park = append(park, r.CheckpointMs)
 				restore = append(restore, r.RestoreP50Ms)
+				freeze = append(freeze, r.FreezeMs)
 			}
 			res.CheckpointMs = median(park)
+			res.FreezeMs = median(freeze)
+			res.FreezeSamplesMs = freeze
 			res.RestoreMs = restore
 			res.RestoreP50Ms, res.RestoreMaxMs = median(restore), maxOf(restore)
 			res.Repeats = len(runs)
@@ -59,7 +66,7 @@ func layers(dir string, runtimes []runtimeConfig) []Result {
 	return results
 }
 
-func layer(dir string, rt runtimeConfig, layerMiB int) Result {
+func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 	base := filepath.Join(dir, fmt.Sprintf("layer%d-%s", layerMiB, rt.name))
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork}
 	addCleanup(r.Cleanup)
@@ -77,11 +84,15 @@ func layer(dir string, rt runtimeConfig, layerMiB int) Result {
 	must(err)
 
 	res := Result{Scenario: "layers", Runtime: rt.name, HeapMiB: 1, Clones: 1, LayerMiB: layerMiB}
-	// Park a layer that is on disk, as a layer written more than a few
-	// seconds before parking is (dirty pages are written back after 30 s by
-	// default): flush the filesystem first, for both runtimes. Otherwise
-	// FICLONE first writes back whatever the workload just wrote.
-	syncFS(dir)
+	if !dirty {
+		// Park a layer that is on disk, as a layer written more than a
+		// few seconds before parking is (dirty pages are written back
+		// after 30 s by default): flush the filesystem first, for both
+		// runtimes.
+		syncFS(dir)
+	} else {
+		res.Scenario = "layers-dirty"
+	}
 	image := filepath.Join(base, "image")
 	snap := filepath.Join(base, "snap")
 	var ckptFlags, restoreFlags []string
@@ -89,9 +100,17 @@ func layer(dir string, rt runtimeConfig, layerMiB int) Result {
 		ckptFlags = []string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}
 		restoreFlags = []string{"--filestore-adopt-dir=" + snap}
 	}
+	if dirty {
+		ckptFlags = append(ckptFlags, "--leave-running")
+	}
+	gaps := watchTicks(out)
 	start := time.Now()
 	must(r.Checkpoint("source", image, ckptFlags...))
 	res.CheckpointMs = ms(time.Since(start))
+	if dirty {
+		time.Sleep(300 * time.Millisecond)
+		res.FreezeMs = ms(gaps(start.Add(-100 * time.Millisecond)))
+	}
 	r.Destroy("source")
 	res.ImageBytes, _ = diskUsage(image)
 	res.ImageBytesNoBase = res.ImageBytes
@@ -119,6 +138,42 @@ func layer(dir string, rt runtimeConfig, layerMiB int) Result {
 	}
 	r.Destroy("clone")
 	return res
+}
+
+// watchTicks records when each line of the tick output out arrives, and
+// returns a function that stops and returns the longest gap between
+// arrivals after from.
+func watchTicks(out string) func(from time.Time) time.Duration {
+	stop := make(chan struct{})
+	done := make(chan []time.Time)
+	go func() {
+		var arrivals []time.Time
+		n := len(sandbox.Lines(out))
+		for {
+			select {
+			case <-stop:
+				done <- arrivals
+				return
+			default:
+			}
+			if m := len(sandbox.Lines(out)); m > n {
+				arrivals = append(arrivals, time.Now())
+				n = m
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return func(from time.Time) time.Duration {
+		close(stop)
+		arrivals := <-done
+		var longest time.Duration
+		for i := 1; i < len(arrivals); i++ {
+			if arrivals[i].After(from) {
+				longest = max(longest, arrivals[i].Sub(arrivals[i-1]))
+			}
+		}
+		return longest
+	}
 }
 
 // syncFS flushes the filesystem that holds dir.

@@ -17,6 +17,9 @@
 //	           loopback XFS; forkvisor keeps the layer out of the image
 //	           (--skip-filestore-pages, --filestore-snapshot-dir) and adopts
 //	           it on restore (--filestore-adopt-dir)
+//	layers-dirty  the same, parked right after the layer is written (nothing
+//	           flushed by the caller) with --leave-running: freeze_ms is the
+//	           longest gap between the parked sandbox's ticks
 //
 // Memory is Pss summed over every process of every clone sandbox (sentry,
 // systrap stubs, gofer; each address space once), measured after every clone
@@ -50,7 +53,7 @@ var (
 	upstreamBin = flag.String("upstream", "bin/runsc-upstream", "upstream runsc")
 	forkBin     = flag.String("fork", "bin/runsc", "forkvisor runsc")
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty", "scenarios to run")
 	repeat      = flag.Int("repeat", 1, "runs per clone scenario and runtime, alternating runtimes (medians are reported)")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
@@ -82,6 +85,11 @@ type Result struct {
 	LayerMiB      int   `json:"layer_mib,omitempty"`
 	Repeats       int   `json:"repeats,omitempty"`        // park_ms and restore p50 are medians over this many runs
 	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"` // allocated, exclusive of shared extents not counted
+
+	// FreezeMs (layers-dirty) is the longest gap between the parked
+	// sandbox's 50 ms ticks around a --leave-running park (median).
+	FreezeMs        float64   `json:"freeze_ms,omitempty"`
+	FreezeSamplesMs []float64 `json:"freeze_samples_ms,omitempty"`
 }
 
 // runtimeConfig is one way of running the same scenario: a runsc binary, the flags
@@ -187,7 +195,10 @@ func main() {
 	}
 	if want["layers"] {
 		// The layer scenario restores eagerly in both runtimes.
-		results = append(results, layers(dir, []runtimeConfig{runtimes[0], runtimes[2]})...)
+		results = append(results, layers(dir, []runtimeConfig{runtimes[0], runtimes[2]}, false)...)
+	}
+	if want["layers-dirty"] {
+		results = append(results, layers(dir, []runtimeConfig{runtimes[0], runtimes[2]}, true)...)
 	}
 	printTable(results)
 	if *jsonOut != "" {
@@ -335,7 +346,7 @@ func printTable(results []Result) {
 	fmt.Printf("\n%-10s %-11s %5s %6s %8s %10s %12s %9s %8s %8s %10s %10s %9s\n",
 		"scenario", "runtime", "heap", "clones", "ckpt_ms", "image_MiB", "img-base_MiB", "first_ms", "rst_p50", "rst_max", "total_Pss", "sentry_Pss", "Pss/clone")
 	for _, r := range results {
-		if r.Scenario == "layers" {
+		if r.Scenario == "layers" || r.Scenario == "layers-dirty" {
 			continue
 		}
 		fmt.Printf("%-10s %-11s %5d %6d %8.0f %10.1f %12.1f %9.0f %8.0f %8.0f %10.1f %10.1f %9.1f\n",
@@ -344,14 +355,14 @@ func printTable(results []Result) {
 	}
 	haveLayers := false
 	for _, r := range results {
-		if r.Scenario != "layers" {
+		if r.Scenario != "layers" && r.Scenario != "layers-dirty" {
 			continue
 		}
 		if !haveLayers {
-			fmt.Printf("\n%-10s %-10s %9s %9s %12s %14s %14s\n", "scenario", "runtime", "layer_MiB", "park_ms", "restore_ms", "image_MiB", "snapshot_MiB")
+			fmt.Printf("\n%-12s %-10s %9s %9s %9s %12s %14s %14s\n", "scenario", "runtime", "layer_MiB", "park_ms", "freeze_ms", "restore_ms", "image_MiB", "snapshot_MiB")
 			haveLayers = true
 		}
-		fmt.Printf("%-10s %-10s %9d %9.0f %12.0f %14.1f %14.1f\n", r.Scenario, r.Runtime, r.LayerMiB, r.CheckpointMs, r.RestoreP50Ms, mib(r.ImageBytes), mib(r.SnapshotBytes))
+		fmt.Printf("%-12s %-10s %9d %9.0f %9.0f %12.0f %14.1f %14.1f\n", r.Scenario, r.Runtime, r.LayerMiB, r.CheckpointMs, r.FreezeMs, r.RestoreP50Ms, mib(r.ImageBytes), mib(r.SnapshotBytes))
 	}
 	// Ratios, forkvisor over upstream.
 	by := map[string]map[string]Result{}

@@ -70,7 +70,7 @@ func TestBaseStore(t *testing.T) {
 	if _, err := p.r.Exec("bases", "remove", digest); err == nil || !strings.Contains(err.Error(), "still used by 1 linked image") {
 		t.Errorf("bases remove of a base in use: %v", err)
 	}
-	if out, err := p.r.Exec("bases", "gc"); err != nil || strings.Contains(out, "removed") {
+	if out, err := p.r.Exec("bases", "--min-age=0", "gc"); err != nil || strings.Contains(out, "removed") {
 		t.Errorf("bases gc removed a base in use: %q, %v", out, err)
 	}
 	if out, err := p.r.Exec("bases", "verify", digest); err != nil || !strings.Contains(out, "ok") {
@@ -95,7 +95,7 @@ func TestBaseStore(t *testing.T) {
 	if err := os.RemoveAll(noBase); err != nil {
 		t.Fatal(err)
 	}
-	out, err := p.r.Exec("bases", "gc")
+	out, err := p.r.Exec("bases", "--min-age=0", "gc")
 	if err != nil || !strings.Contains(out, "removed "+digest) {
 		t.Errorf("bases gc after the images were removed: %q, %v", out, err)
 	}
