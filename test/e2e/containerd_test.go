@@ -20,12 +20,7 @@ const tickImage = "forkvisor.local/tick:test"
 // imports the tick workload image.
 func startContainerd(t *testing.T) *ctrd.Containerd {
 	t.Helper()
-	binary(t, "runsc")
-	binary(t, "containerd-shim-runsc-v1")
-	ctrdBin := filepath.Join(repoRoot, "build", "containerd", "usr", "bin")
-	if _, err := os.Stat(filepath.Join(ctrdBin, "containerd")); err != nil {
-		prereq.Missing(t, "containerd 1.7 not fetched (tools/containerd.sh, run by `make test`): %v", err)
-	}
+	ctrdBin := containerdBin(t)
 	dir := t.TempDir()
 	c, err := ctrd.Start(dir, ctrdBin, filepath.Join(repoRoot, "bin"), nil)
 	if err != nil {
@@ -45,6 +40,19 @@ func startContainerd(t *testing.T) *ctrd.Containerd {
 		t.Fatalf("ctr images import: %v: %s", err, out)
 	}
 	return c
+}
+
+// containerdBin returns the directory of the unpacked containerd 1.7, after
+// checking every prerequisite of a containerd test.
+func containerdBin(t *testing.T) string {
+	t.Helper()
+	binary(t, "runsc")
+	binary(t, "containerd-shim-runsc-v1")
+	dir := filepath.Join(repoRoot, "build", "containerd", "usr", "bin")
+	if _, err := os.Stat(filepath.Join(dir, "containerd")); err != nil {
+		prereq.Missing(t, "containerd 1.7 not fetched (tools/containerd.sh, run by `make test`): %v", err)
+	}
+	return dir
 }
 
 // ctr runs ctr and fails the test on error.

@@ -34,12 +34,7 @@ type criNode struct {
 
 func startCRINode(t *testing.T) *criNode {
 	t.Helper()
-	binary(t, "runsc")
-	binary(t, "containerd-shim-runsc-v1")
-	ctrdBin := filepath.Join(repoRoot, "build", "containerd", "usr", "bin")
-	if _, err := os.Stat(filepath.Join(ctrdBin, "containerd")); err != nil {
-		prereq.Missing(t, "containerd 1.7 not fetched (tools/containerd.sh, run by `make test`): %v", err)
-	}
+	ctrdBin := containerdBin(t)
 	cniBin := filepath.Join(repoRoot, "build", "cni", "usr", "lib", "cni")
 	if _, err := os.Stat(filepath.Join(cniBin, "loopback")); err != nil {
 		prereq.Missing(t, "Debian's CNI plugins not fetched (tools/cni.sh, run by `make test`): %v", err)

@@ -325,17 +325,7 @@ func TestFilestoreRefusals(t *testing.T) {
 	}
 	noManifest := variant("nomanifest", func(d string) { os.Remove(filepath.Join(d, "filestores.json")) })
 	undersized := variant("undersized", func(d string) { os.Truncate(filepath.Join(d, "filestore-0.img"), 1<<20) })
-	tampered := variant("tampered", func(d string) {
-		f, err := os.OpenFile(filepath.Join(d, "filestore-0.img"), os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		var b [1]byte
-		f.ReadAt(b[:], 0)
-		b[0] ^= 0xff
-		f.WriteAt(b[:], 0)
-	})
+	tampered := variant("tampered", func(d string) { flipByteAt(t, filepath.Join(d, "filestore-0.img"), 0) })
 	duplicated := variant("duplicated", func(d string) {
 		manifest(d, func(m map[string]any) {
 			fs := m["filestores"].([]any)
@@ -423,17 +413,7 @@ func TestFilestoreRefusals(t *testing.T) {
 	// The fingerprint samples the first page of each 2 MiB block: a change
 	// in another page is not detected (an accident check, not a digest;
 	// README). Adoption accepts it.
-	unsampled := variant("unsampled", func(d string) {
-		f, err := os.OpenFile(filepath.Join(d, "filestore-0.img"), os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		var b [1]byte
-		f.ReadAt(b[:], 4096)
-		b[0] ^= 0xff
-		f.WriteAt(b[:], 4096)
-	})
+	unsampled := variant("unsampled", func(d string) { flipByteAt(t, filepath.Join(d, "filestore-0.img"), 4096) })
 	if err := e.r.Restore(e.bundle, "unsampled", image, filepath.Join(e.dir, "unsampled.out"), "--filestore-adopt-dir="+unsampled); err != nil {
 		t.Errorf("adopting a snapshot changed outside the fingerprint's samples: %v (if the fingerprint became a full digest, expect a refusal here and update the README)", err)
 	}
