@@ -46,11 +46,24 @@ check-patches:
 check-series: $(TREE)/go.mod
 	tools/check-series.sh
 
+# Both runsc binaries get the sentry's precompiled seccomp programs as
+# gVisor's own build does (tools/seccomp.sh; the Go module ships none, so a
+# sandbox would compile its filter at every start and restore).
 runsc: $(TREE)/go.mod
-	cd $(TREE) && $(GOBUILD) -o $(CURDIR)/bin/runsc ./runsc
+	tools/seccomp.sh $(TREE) fork
+	cd $(TREE) && $(GOBUILD) -overlay=$(CURDIR)/build/seccomp/fork.json -o $(CURDIR)/bin/runsc ./runsc
 
-runsc-upstream:
-	cd "$(UPSTREAM_DIR)" && $(GOBUILD) -o $(CURDIR)/bin/runsc-upstream ./runsc
+# Upstream is built from a writable copy of the pinned module (an overlay
+# may not replace files in the module cache); its source is not changed.
+UPSTREAM_SRC := build/upstream
+$(UPSTREAM_SRC)/.pin: tools/PIN
+	rm -rf $(UPSTREAM_SRC) && mkdir -p $(UPSTREAM_SRC)
+	cp -a "$(UPSTREAM_DIR)/." $(UPSTREAM_SRC)/ && chmod -R u+w $(UPSTREAM_SRC)
+	cp tools/PIN $@
+
+runsc-upstream: $(UPSTREAM_SRC)/.pin
+	tools/seccomp.sh $(UPSTREAM_SRC) upstream
+	cd $(UPSTREAM_SRC) && $(GOBUILD) -overlay=$(CURDIR)/build/seccomp/upstream.json -o $(CURDIR)/bin/runsc-upstream ./runsc
 
 # The containerd shim, from the patched tree.
 shim: $(TREE)/go.mod
