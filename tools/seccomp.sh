@@ -2,7 +2,8 @@
 # seccomp.sh TREE NAME: generates the sentry's precompiled seccomp programs
 # for the gVisor source tree TREE (tools/seccompgen) and writes
 # build/seccomp/NAME.json, a `go build -overlay` file that puts them into
-# TREE's runsc/boot/filter/filter_precompiled.go. Cached on the content of
+# TREE's runsc/boot/filter/filter_precompiled.go (the generated file is
+# NAME.go.txt, so that `go vet ./...` of this module skips it). Cached on the content of
 # the sources the programs come from.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +19,6 @@ fi
 # replaced by TREE.
 sed "\$a replace gvisor.dev/gvisor => $tree" "$top/go.mod" > "$out/$name.mod"
 cp "$top/go.sum" "$out/$name.sum"
-(cd "$top" && go run -modfile="$out/$name.mod" ./tools/seccompgen -in "$tree/runsc/boot/filter/filter_precompiled.go" -out "$out/$name.go")
-printf '{"Replace": {"%s": "%s"}}\n' "$tree/runsc/boot/filter/filter_precompiled.go" "$out/$name.go" > "$out/$name.json"
+(cd "$top" && go run -modfile="$out/$name.mod" ./tools/seccompgen -in "$tree/runsc/boot/filter/filter_precompiled.go" -out "$out/$name.go.txt")
+printf '{"Replace": {"%s": "%s"}}\n' "$tree/runsc/boot/filter/filter_precompiled.go" "$out/$name.go.txt" > "$out/$name.json"
 echo "$key" > "$out/$name.key"
