@@ -113,7 +113,7 @@ func Run(o Options) (*Result, error) {
 	if err := r.Run(bundle, "source", srcOut); err != nil {
 		return nil, err
 	}
-	if _, err := waitSample(srcOut, lineTimeout, func(s Sample) bool { return s.N >= 3 }); err != nil {
+	if _, err := WaitSample(srcOut, lineTimeout, func(s Sample) bool { return s.N >= 3 }); err != nil {
 		return nil, err
 	}
 	image := filepath.Join(o.Dir, "image")
@@ -133,13 +133,13 @@ func Run(o Options) (*Result, error) {
 		if err := r.Restore(bundle, id, image, out, flags...); err != nil {
 			return Sample{}, "", err
 		}
-		s, err := waitSample(out, lineTimeout, func(Sample) bool { return true })
+		s, err := WaitSample(out, lineTimeout, func(Sample) bool { return true })
 		if err != nil || o.Signal == "" {
 			return s, out, err
 		}
 		// A runtime that does not deliver the signal (upstream) keeps the
 		// first line.
-		if sig, err := waitSample(out, signalTimeout, func(s Sample) bool { return s.Signals >= wantSignals }); err == nil {
+		if sig, err := WaitSample(out, signalTimeout, func(s Sample) bool { return s.Signals >= wantSignals }); err == nil {
 			s = sig
 		}
 		return s, out, nil
@@ -155,7 +155,7 @@ func Run(o Options) (*Result, error) {
 	}
 	for i, out := range outs {
 		first := res.Clones[i].N
-		s, err := waitSample(out, lineTimeout, func(s Sample) bool { return s.N >= first+10 })
+		s, err := WaitSample(out, lineTimeout, func(s Sample) bool { return s.N >= first+10 })
 		if err != nil {
 			return nil, err
 		}
@@ -188,8 +188,9 @@ func exists(path string) bool {
 	return err == nil
 }
 
-// waitSample waits for the first probe line in path that satisfies match.
-func waitSample(path string, timeout time.Duration, match func(Sample) bool) (Sample, error) {
+// WaitSample waits up to timeout for the first probe line in path that
+// satisfies match.
+func WaitSample(path string, timeout time.Duration, match func(Sample) bool) (Sample, error) {
 	line, _, err := sandbox.WaitForLine(path, 0, timeout, func(l string) bool {
 		s, err := Parse(l)
 		return err == nil && match(s)

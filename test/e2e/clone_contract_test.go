@@ -95,7 +95,7 @@ func TestRestoreSignalRefused(t *testing.T) {
 	if err := r.Run(bundle, "source", out); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := waitProbe(out); err != nil {
+	if _, err := cloneprobe.WaitSample(out, 30*time.Second, func(s cloneprobe.Sample) bool { return s.N >= 2 }); err != nil {
 		t.Fatal(err)
 	}
 	image := filepath.Join(dir, "image")
@@ -120,13 +120,4 @@ func TestRestoreSignalRefused(t *testing.T) {
 			t.Errorf("restore with %s=%s left containers behind: %q", cloneprobe.SignalAnnotation, v, list)
 		}
 	}
-}
-
-// waitProbe waits for the probe's third line in path.
-func waitProbe(path string) (string, error) {
-	line, _, err := sandbox.WaitForLine(path, 0, 30*time.Second, func(l string) bool {
-		s, err := cloneprobe.Parse(l)
-		return err == nil && s.N >= 2
-	})
-	return line, err
 }
