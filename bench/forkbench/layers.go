@@ -68,7 +68,7 @@ func layers(dir string, runtimes []runtimeConfig, dirty bool) []Result {
 
 func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 	base := filepath.Join(dir, fmt.Sprintf("layer%d-%s", layerMiB, rt.name))
-	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork}
+	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir(fmt.Sprintf("layer%d", layerMiB), rt)}
 	addCleanup(r.Cleanup)
 	defer r.Cleanup()
 	bundle := filepath.Join(base, "bundle")

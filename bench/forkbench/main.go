@@ -59,6 +59,7 @@ var (
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
 	workDir     = flag.String("work", "", "work directory (default: a new temporary directory, removed afterwards)")
 	jsonOut     = flag.String("json", "bench/out/forkbench.json", "where to write the JSON results")
+	logDir      = flag.String("log-dir", "", "if set, keep runsc debug logs (--debug) of every runtime and scenario under this directory; slows every runtime alike")
 )
 
 // Result is one runtime's numbers for one scenario.
@@ -242,7 +243,7 @@ func mergeRuns(runs []Result) Result {
 // clones parks the scenario's workload and restores sc.n clones from it.
 func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result, *Result) {
 	base := filepath.Join(dir, sc.name+"-"+rt.name)
-	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork}
+	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir(sc.name, rt)}
 	addCleanup(r.Cleanup)
 	defer r.Cleanup()
 	defer os.RemoveAll(base)
@@ -514,4 +515,15 @@ func fatalf(format string, args ...any) {
 		cleanups[i]()
 	}
 	os.Exit(1)
+}
+
+// runtimeLogDir returns the debug log directory of rt in scenario, under
+// -log-dir, or "" without it.
+func runtimeLogDir(scenario string, rt runtimeConfig) string {
+	if *logDir == "" {
+		return ""
+	}
+	d := filepath.Join(abs(*logDir), scenario+"-"+rt.name)
+	must(os.MkdirAll(d, 0o755))
+	return d
 }
