@@ -12,9 +12,9 @@ UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvis
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
 FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/ ./runsc/config/ ./pkg/shim/v1/runsc/ ./pkg/shim/v1/proc/
 
-.PHONY: setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe clone-probe shim test test-fork test-harness vet demo flatten-table bench clean
+.PHONY: oci setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe clone-probe shim test test-fork test-harness vet demo flatten-table bench clean
 
-all: runsc runsc-upstream tick cloneprobe shim
+all: runsc runsc-upstream tick cloneprobe shim oci
 
 # Machine set-up beyond Go (xfsprogs).
 setup:
@@ -68,6 +68,10 @@ runsc-upstream: $(UPSTREAM_SRC)/.pin
 # The containerd shim, from the patched tree.
 shim: $(TREE)/go.mod
 	cd $(TREE) && $(GOBUILD) -o $(CURDIR)/bin/containerd-shim-runsc-v1 ./shim
+
+# The registry companion: push and pull parked sandboxes (internal/ociartifact).
+oci:
+	$(GOBUILD) -o bin/forkvisor-oci ./cmd/forkvisor-oci
 
 # The built-in workloads (static).
 tick:

@@ -18,6 +18,7 @@ echo "setup.sh: mkfs.xfs at $(command -v mkfs.xfs)"
 if [ "$(id -u)" = 0 ]; then
 	"$(dirname "$0")/containerd.sh" || echo "setup.sh: could not fetch containerd 1.7; the containerd tests will skip" >&2
 	"$(dirname "$0")/cni.sh" || echo "setup.sh: could not fetch Debian's CNI plugins; the CRI tests will skip" >&2
+	"$(dirname "$0")/registry.sh" || echo "setup.sh: could not fetch Debian's docker-registry; the registry tests will skip" >&2
 fi
 # A Debian rootfs with python3 for the pyagent workload (build/pyrootfs, cached).
 "$(dirname "$0")/pyrootfs.sh" || { [ "${CI:-}" != true ] || exit 1; echo "setup.sh: no Python rootfs; the pyagent tests will skip" >&2; }

@@ -1,0 +1,177 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/forkvisor/forkvisor/internal/blockmanifest"
+	"github.com/forkvisor/forkvisor/internal/ociregistry"
+	"github.com/forkvisor/forkvisor/internal/prereq"
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// startRegistry starts Debian's docker-registry on loopback, requiring basic
+// authentication, and returns it with a DOCKER_CONFIG directory that holds
+// its credentials.
+func startRegistry(t *testing.T) (*ociregistry.Registry, string) {
+	t.Helper()
+	bin := ociregistry.Binary(repoRoot)
+	if _, err := os.Stat(bin); err != nil {
+		prereq.Missing(t, "no OCI registry (run tools/setup.sh): %v", err)
+	}
+	reg, err := ociregistry.Start(bin, t.TempDir(), "fleet", "parked-sandboxes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Stop)
+	dockerConfig := filepath.Join(t.TempDir(), "docker")
+	if err := reg.WriteDockerConfig(dockerConfig); err != nil {
+		t.Fatal(err)
+	}
+	return reg, dockerConfig
+}
+
+// ociTool runs bin/forkvisor-oci with DOCKER_CONFIG=dockerConfig.
+func ociTool(t *testing.T, dockerConfig string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(binary(t, "forkvisor-oci"), append([]string{"--plain-http"}, args...)...)
+	cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+dockerConfig)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// countAfter returns the number printed right before word in out.
+func countBefore(t *testing.T, out, word string) int {
+	t.Helper()
+	m := regexp.MustCompile(`(\d+) ` + regexp.QuoteMeta(word)).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no count of %q in:\n%s", word, out)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// TestRegistryPushPull parks a sandbox on "node A" (one runsc root and base
+// store), pushes it to a real registry on loopback, pulls it on "node B"
+// (another root, a cold store) and restores clones there; then checks that
+// a second pull fetches no base, that a tampered block is refused with
+// nothing stored, and that a registry that went away gives a clear error.
+func TestRegistryPushPull(t *testing.T) {
+	reg, dockerConfig := startRegistry(t)
+	p := parkSource(t, 32)
+	ref := reg.Addr + "/forkvisor/tick:v1"
+
+	// Credentials come from the Docker configuration file only.
+	if out, err := ociTool(t, t.TempDir(), "--base-store", p.r.StorePath(), "push", p.image, ref); err == nil || !strings.Contains(out, "no credentials for "+reg.Addr) {
+		t.Errorf("push without credentials: %v: %s", err, out)
+	}
+	out, err := ociTool(t, dockerConfig, "--base-store", p.r.StorePath(), "push", p.image, ref)
+	if err != nil {
+		t.Fatalf("push: %v: %s", err, out)
+	}
+	t.Logf("push:\n%s", out)
+	blocks, zero := countBefore(t, out, "blocks"), countBefore(t, out, "zero")
+	// The base spans the sandbox's memory file; a 32 MiB heap fills at least
+	// 16 of its 2 MiB blocks, and most of the rest is zero.
+	if pushed := countBefore(t, out, "uploaded;"); zero == 0 || pushed < 16 || pushed != blocks-zero {
+		t.Errorf("push of a 32 MiB heap: %d blocks, %d zero, %d uploaded; want every non-zero block (at least 16) uploaded once, no zero block", blocks, zero, pushed)
+	}
+	// The same base again: nothing of it is uploaded.
+	if out, err := ociTool(t, dockerConfig, "--base-store", p.r.StorePath(), "push", p.image, reg.Addr+"/forkvisor/tick:v2"); err != nil || countBefore(t, out, "uploaded;") != 0 {
+		t.Errorf("second push of the same base: %v:\n%s", err, out)
+	}
+
+	// Node B: a cold store; the pull verifies every block and stores the base.
+	dirB := t.TempDir()
+	nodeB := &sandbox.Runsc{Bin: p.r.Bin, Root: filepath.Join(dirB, "root")}
+	t.Cleanup(nodeB.Cleanup)
+	pull := func(store, image string) (string, error) {
+		return ociTool(t, dockerConfig, "--base-store", store, "--runsc", p.r.Bin, "pull", ref, image)
+	}
+	imageB := filepath.Join(dirB, "image")
+	out, err = pull(nodeB.StorePath(), imageB)
+	if err != nil {
+		t.Fatalf("pull: %v: %s", err, out)
+	}
+	t.Logf("pull:\n%s", out)
+	if got := countBefore(t, out, "fetched and verified"); got != blocks-zero {
+		t.Errorf("pull fetched %d blocks; want the %d non-zero ones", got, blocks-zero)
+	}
+	if _, err := os.Stat(filepath.Join(imageB, "base.img")); err == nil {
+		t.Errorf("pulled image holds base.img; the base belongs in the store")
+	}
+	digest := regexp.MustCompile(`base (sha256:[0-9a-f]{64})`).FindStringSubmatch(out)[1]
+	if out, err := nodeB.Exec("bases", "verify", digest); err != nil {
+		t.Errorf("bases verify on node B: %v: %s", err, out)
+	}
+	b := &parked{r: nodeB, dir: dirB, bundle: p.bundle, image: imageB, lastTick: p.lastTick}
+	for _, id := range []string{"b1", "b2"} {
+		b.restoreClone(t, id, imageB, p.lastTick)
+	}
+	for _, id := range []string{"b1", "b2"} {
+		nodeB.Destroy(id)
+	}
+	// A second pull on node B fetches the checkpoint files only.
+	if out, err := pull(nodeB.StorePath(), filepath.Join(dirB, "image2")); err != nil || !strings.Contains(out, "already stored, nothing fetched") {
+		t.Errorf("second pull on node B: %v:\n%s", err, out)
+	}
+
+	// A tampered block in the registry: refused, nothing stored or written.
+	base, err := os.Open(filepath.Join(p.image, "base.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := base.Stat()
+	m, err := blockmanifest.Build(base, uint64(st.Size()), nil)
+	base.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := -1
+	for i := range m.Blocks {
+		if !m.Zero(i) {
+			victim = i
+			break
+		}
+	}
+	flipByteAt(t, reg.BlobPath(m.Blocks[victim]), 12345)
+	storeC, imageC := filepath.Join(t.TempDir(), "store"), filepath.Join(t.TempDir(), "image")
+	out, err = pull(storeC, imageC)
+	if err == nil || !strings.Contains(out, "base block") || !strings.Contains(out, m.Blocks[victim]) || !strings.Contains(out, ref) {
+		t.Errorf("pull of a tampered block: %v; want an error naming the block and the reference:\n%s", err, out)
+	}
+	assertNoPull(t, storeC, imageC, digest)
+	flipByteAt(t, reg.BlobPath(m.Blocks[victim]), 12345)
+
+	// The registry went away: a clear error, nothing written.
+	reg.Stop()
+	storeD, imageD := filepath.Join(t.TempDir(), "store"), filepath.Join(t.TempDir(), "image")
+	out, err = pull(storeD, imageD)
+	if err == nil || !strings.Contains(out, ref) || !strings.Contains(out, "connection refused") {
+		t.Errorf("pull from a stopped registry: %v:\n%s", err, out)
+	}
+	assertNoPull(t, storeD, imageD, digest)
+}
+
+// assertNoPull checks that a failed pull left no image directory and no
+// stored base (and no temporary files) behind.
+func assertNoPull(t *testing.T, store, image, digest string) {
+	t.Helper()
+	if _, err := os.Stat(image); err == nil {
+		t.Errorf("failed pull created %s", image)
+	}
+	if _, err := os.Stat(filepath.Join(store, "sha256", strings.TrimPrefix(digest, "sha256:"))); err == nil {
+		t.Errorf("failed pull stored base %s", digest)
+	}
+	if left, _ := filepath.Glob(filepath.Join(store, ".pull-*")); len(left) != 0 {
+		t.Errorf("failed pull left %v", left)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(image), ".*.pull-*")); len(left) != 0 {
+		t.Errorf("failed pull left %v", left)
+	}
+}
