@@ -1,5 +1,6 @@
-// Command forkvisor-oci pushes a parked sandbox (a checkpoint saved with
-// `runsc checkpoint --shared-base`) to an OCI registry, and pulls it on
+// Command forkvisor-oci pushes a parked sandbox (a runsc checkpoint image
+// directory; one saved with `runsc checkpoint --shared-base` travels as a
+// delta plus a content-addressed base) to an OCI registry, and pulls it on
 // another node into an image directory plus the node base store, verified.
 // See package internal/ociartifact for the artifact layout.
 //
@@ -67,8 +68,12 @@ func push(ctx context.Context, w io.Writer, imageDir, store, ref string, opts oc
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "pushed %s@%s\nbase %s: %d blocks, %d zero (not pushed), %d uploaded; base manifest %s\nuploaded %d bytes\n",
-		ref, res.Manifest.Digest, res.BaseDigest, res.Blocks, res.ZeroBlocks, res.BlocksPushed, res.BaseManifest.Digest, res.BytesPushed)
+	fmt.Fprintf(w, "pushed %s@%s\n", ref, res.Manifest.Digest)
+	if res.BaseDigest != "" {
+		fmt.Fprintf(w, "base %s: %d blocks, %d zero (not pushed), %d uploaded; base manifest %s\n",
+			res.BaseDigest, res.Blocks, res.ZeroBlocks, res.BlocksPushed, res.BaseManifest.Digest)
+	}
+	fmt.Fprintf(w, "uploaded %d bytes\n", res.BytesPushed)
 	return nil
 }
 
@@ -78,9 +83,12 @@ func pull(ctx context.Context, w io.Writer, ref, imageDir string, store ociartif
 		return err
 	}
 	fmt.Fprintf(w, "pulled %s into %s: %d files\n", ref, imageDir, len(res.Files))
-	if res.BaseWasStored {
+	switch {
+	case res.BaseDigest == "":
+		fmt.Fprintln(w, "no shared base")
+	case res.BaseWasStored:
 		fmt.Fprintf(w, "base %s: already stored, nothing fetched\n", res.BaseDigest)
-	} else {
+	default:
 		fmt.Fprintf(w, "base %s: %d blocks, %d zero (not fetched), %d fetched and verified, stored in %s\n",
 			res.BaseDigest, res.Blocks, res.ZeroBlocks, res.BlocksFetched, store.Root)
 	}

@@ -158,18 +158,16 @@ type PushResult struct {
 	BytesPushed int64
 }
 
-// Push pushes the checkpoint in imageDir, saved with --shared-base, to ref.
-// The base is imageDir/base.img or, without it, the base with the
-// checkpoint's digest in the node base store at storeRoot. The base is
-// hashed as it is pushed, and nothing is tagged unless it hashes to the
-// digest the checkpoint records.
+// Push pushes the checkpoint in imageDir to ref. A checkpoint saved with
+// --shared-base is pushed as two artifacts (see the package comment): its
+// base is imageDir/base.img or, without it, the base with the checkpoint's
+// digest in the node base store at storeRoot, and it is hashed as it is
+// pushed; nothing is tagged unless it hashes to the digest the checkpoint
+// records. Any other checkpoint is pushed as one artifact of its files.
 func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_ *PushResult, err error) {
 	defer explain(&err, ref)
 	d, err := readBaseDescriptor(filepath.Join(imageDir, baseDescriptorName))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("%s has no %s: push needs a checkpoint saved with --shared-base", imageDir, baseDescriptorName)
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	repo, err := Repository(ref, opts)
@@ -180,17 +178,51 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 	if tag == "" {
 		return nil, fmt.Errorf("reference %q has no tag", ref)
 	}
+	res := &PushResult{}
+	pack := oras.PackManifestOptions{ManifestAnnotations: map[string]string{ocispec.AnnotationCreated: fixedCreated}}
+	if d != nil {
+		if err := pushBase(ctx, repo, imageDir, storeRoot, ref, d, opts, res); err != nil {
+			return nil, err
+		}
+		pack.Subject = &res.BaseManifest
+		pack.ManifestAnnotations[BaseDigestAnnotation] = res.BaseDigest
+	}
+	files, err := checkpointFiles(imageDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range files {
+		desc, n, err := pushFile(ctx, repo, filepath.Join(imageDir, name))
+		if err != nil {
+			return nil, fmt.Errorf("pushing %s to %s: %w", name, ref, err)
+		}
+		res.BytesPushed += n
+		pack.Layers = append(pack.Layers, desc)
+	}
+	res.Manifest, err = oras.PackManifest(ctx, repo, oras.PackManifestVersion1_1, CheckpointArtifactType, pack)
+	if err != nil {
+		return nil, fmt.Errorf("pushing the checkpoint manifest to %s: %w", ref, err)
+	}
+	if err := repo.Tag(ctx, res.Manifest, tag); err != nil {
+		return nil, fmt.Errorf("tagging %s: %w", ref, err)
+	}
+	return res, nil
+}
+
+// pushBase pushes the base that d describes, block by block, then its block
+// manifest and the base manifest, and records them in res.
+func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot, ref string, d *baseDescriptor, opts Options, res *PushResult) error {
 	basePath := filepath.Join(imageDir, baseImageName)
 	if _, err := os.Stat(basePath); errors.Is(err, os.ErrNotExist) {
 		basePath = filepath.Join(storeRoot, "sha256", d.SHA256, baseImageName)
 	}
 	base, err := os.Open(basePath)
 	if err != nil {
-		return nil, fmt.Errorf("opening the base of %s: %w", imageDir, err)
+		return fmt.Errorf("opening the base of %s: %w", imageDir, err)
 	}
 	defer base.Close()
 
-	res := &PushResult{BaseDigest: "sha256:" + d.SHA256}
+	res.BaseDigest = "sha256:" + d.SHA256
 	var layers []ocispec.Descriptor
 	seen := map[string]bool{}
 	bar := newBar(opts.Progress, int64(d.Length), "pushing base")
@@ -215,10 +247,10 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 	})
 	bar.Finish()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if m.Digest != res.BaseDigest {
-		return nil, fmt.Errorf("base %s hashes to %s, but the checkpoint in %s records %s: not pushed", basePath, m.Digest, imageDir, res.BaseDigest)
+		return fmt.Errorf("base %s hashes to %s, but the checkpoint in %s records %s: not pushed", basePath, m.Digest, imageDir, res.BaseDigest)
 	}
 	res.Blocks = len(m.Blocks)
 	for i := range m.Blocks {
@@ -229,43 +261,17 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 	cfgData := m.Encode()
 	cfg := content.NewDescriptorFromBytes(blockmanifest.MediaType, cfgData)
 	if _, err := pushIfMissing(ctx, repo, cfg, bytes.NewReader(cfgData)); err != nil {
-		return nil, fmt.Errorf("pushing the block manifest to %s: %w", ref, err)
+		return fmt.Errorf("pushing the block manifest to %s: %w", ref, err)
 	}
-	annotations := map[string]string{BaseDigestAnnotation: res.BaseDigest, ocispec.AnnotationCreated: fixedCreated}
 	res.BaseManifest, err = oras.PackManifest(ctx, repo, oras.PackManifestVersion1_1, BaseArtifactType, oras.PackManifestOptions{
 		ConfigDescriptor:    &cfg,
 		Layers:              layers,
-		ManifestAnnotations: annotations,
+		ManifestAnnotations: map[string]string{BaseDigestAnnotation: res.BaseDigest, ocispec.AnnotationCreated: fixedCreated},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pushing the base manifest to %s: %w", ref, err)
+		return fmt.Errorf("pushing the base manifest to %s: %w", ref, err)
 	}
-
-	files, err := checkpointFiles(imageDir)
-	if err != nil {
-		return nil, err
-	}
-	var fileLayers []ocispec.Descriptor
-	for _, name := range files {
-		desc, n, err := pushFile(ctx, repo, filepath.Join(imageDir, name))
-		if err != nil {
-			return nil, fmt.Errorf("pushing %s to %s: %w", name, ref, err)
-		}
-		res.BytesPushed += n
-		fileLayers = append(fileLayers, desc)
-	}
-	res.Manifest, err = oras.PackManifest(ctx, repo, oras.PackManifestVersion1_1, CheckpointArtifactType, oras.PackManifestOptions{
-		Subject:             &res.BaseManifest,
-		Layers:              fileLayers,
-		ManifestAnnotations: annotations,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pushing the checkpoint manifest to %s: %w", ref, err)
-	}
-	if err := repo.Tag(ctx, res.Manifest, tag); err != nil {
-		return nil, fmt.Errorf("tagging %s: %w", ref, err)
-	}
-	return res, nil
+	return nil
 }
 
 // checkpointFiles returns the names of the files of imageDir that a pull
@@ -396,9 +402,6 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	if man.ArtifactType != CheckpointArtifactType {
 		return nil, fmt.Errorf("%s is not a forkvisor checkpoint (artifact type %q, want %q)", ref, man.ArtifactType, CheckpointArtifactType)
 	}
-	if man.Subject == nil {
-		return nil, fmt.Errorf("%s: the checkpoint manifest names no base (no subject)", ref)
-	}
 	res := &PullResult{BaseDigest: man.Annotations[BaseDigestAnnotation]}
 
 	tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(imageDir)), "."+filepath.Base(imageDir)+".pull-")
@@ -419,16 +422,19 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 		res.Files = append(res.Files, name)
 	}
 	d, err := readBaseDescriptor(filepath.Join(tmp, baseDescriptorName))
-	if err != nil {
+	switch {
+	case errors.Is(err, os.ErrNotExist) && man.Subject == nil && res.BaseDigest == "":
+		// A checkpoint without a shared base.
+	case err != nil:
 		return nil, fmt.Errorf("%s: %w", ref, err)
-	}
-	if res.BaseDigest != "sha256:"+d.SHA256 {
-		return nil, fmt.Errorf("%s: the manifest names base %q, its base.json sha256:%s", ref, res.BaseDigest, d.SHA256)
-	}
-	if store.Has(d.SHA256) {
+	case man.Subject == nil || res.BaseDigest != "sha256:"+d.SHA256:
+		return nil, fmt.Errorf("%s: the checkpoint's base.json needs base sha256:%s, the manifest names %q", ref, d.SHA256, res.BaseDigest)
+	case store.Has(d.SHA256):
 		res.BaseWasStored = true
-	} else if err := pullBase(ctx, repo, ref, *man.Subject, d, store, opts, res); err != nil {
-		return nil, err
+	default:
+		if err := pullBase(ctx, repo, ref, *man.Subject, d, store, opts, res); err != nil {
+			return nil, err
+		}
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return nil, err
