@@ -20,6 +20,11 @@
 //	layers-dirty  the same, parked right after the layer is written (nothing
 //	           flushed by the caller) with --leave-running: freeze_ms is the
 //	           longest gap between the parked sandbox's ticks
+//	registry   park a 256 MiB tick workload on node A, push it to a registry
+//	           on loopback (bin/forkvisor-oci), pull it on a cold node B and
+//	           restore; park a clone of it again on A, push, pull on B
+//	           (which holds the base by then) and restore. Upstream's plain
+//	           checkpoint travels as one artifact of its files.
 //
 // Memory is Pss summed over every process of every clone sandbox (sentry,
 // systrap stubs, gofer; each address space once), measured after every clone
@@ -53,7 +58,8 @@ var (
 	upstreamBin = flag.String("upstream", "bin/runsc-upstream", "upstream runsc")
 	forkBin     = flag.String("fork", "bin/runsc", "forkvisor runsc")
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty", "scenarios to run")
+	ociBin      = flag.String("oci", "bin/forkvisor-oci", "registry companion (registry scenario)")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry", "scenarios to run")
 	repeat      = flag.Int("repeat", 1, "runs per clone scenario and runtime, alternating runtimes (medians are reported)")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
@@ -201,12 +207,18 @@ func main() {
 	if want["layers-dirty"] {
 		results = append(results, layers(dir, []runtimeConfig{runtimes[0], runtimes[2]}, true)...)
 	}
+	var fleetResults []FleetResult
+	if want["registry"] {
+		fleetResults = fleet(dir, []runtimeConfig{runtimes[0], runtimes[2]}, 256)
+	}
 	printTable(results)
+	printFleet(fleetResults)
 	if *jsonOut != "" {
 		if err := os.MkdirAll(filepath.Dir(*jsonOut), 0o755); err == nil {
 			b, _ := json.MarshalIndent(map[string]any{
-				"date":    time.Now().UTC().Format(time.RFC3339),
-				"results": results,
+				"date":     time.Now().UTC().Format(time.RFC3339),
+				"results":  results,
+				"registry": fleetResults,
 			}, "", "  ")
 			if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 				fatalf("%v", err)
@@ -344,6 +356,9 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 }
 
 func printTable(results []Result) {
+	if len(results) == 0 {
+		return
+	}
 	fmt.Printf("\n%-10s %-11s %5s %6s %8s %10s %12s %9s %8s %8s %10s %10s %9s\n",
 		"scenario", "runtime", "heap", "clones", "ckpt_ms", "image_MiB", "img-base_MiB", "first_ms", "rst_p50", "rst_max", "total_Pss", "sentry_Pss", "Pss/clone")
 	for _, r := range results {

@@ -23,6 +23,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -134,15 +136,40 @@ func (m *Manifest) Encode() []byte {
 
 // Build reads the first length bytes of f, cutting them into blocks, and
 // returns their manifest; visit, if not nil, is called with each non-zero
-// block's index and bytes (valid during the call only) as it is read.
+// block's index and bytes (valid during the call only) as it is read. Holes
+// (found with SEEK_DATA) are not read, so a sparse base costs its data, not
+// its length.
 func Build(f *os.File, length uint64, visit func(i int, block []byte) error) (*Manifest, error) {
 	if length == 0 {
 		return nil, fmt.Errorf("%s: empty base", f.Name())
 	}
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if uint64(st.Size()) < length {
+		return nil, fmt.Errorf("%s is shorter than the base length %d", f.Name(), length)
+	}
 	m := &Manifest{Version: Version, Length: length, BlockSize: BlockSize}
 	buf := make([]byte, BlockSize)
+	nextData := int64(-1) // offset of the next data at or after the current block; -1 unknown
 	for off, i := uint64(0), 0; off < length; off, i = off+BlockSize, i+1 {
-		block := buf[:min(BlockSize, length-off)]
+		end := min(off+BlockSize, length)
+		if nextData < int64(off) {
+			data, err := unix.Seek(int(f.Fd()), int64(off), unix.SEEK_DATA)
+			switch {
+			case err == unix.ENXIO:
+				data = int64(length) // no data up to EOF
+			case err != nil:
+				return nil, fmt.Errorf("SEEK_DATA in %s at %#x: %w", f.Name(), off, err)
+			}
+			nextData = data
+		}
+		if uint64(nextData) >= end {
+			m.Blocks = append(m.Blocks, "")
+			continue
+		}
+		block := buf[:end-off]
 		if _, err := f.ReadAt(block, int64(off)); err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil, fmt.Errorf("%s is shorter than the base length %d", f.Name(), length)

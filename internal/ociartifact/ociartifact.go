@@ -223,9 +223,15 @@ func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot,
 	defer base.Close()
 
 	res.BaseDigest = "sha256:" + d.SHA256
-	var layers []ocispec.Descriptor
-	seen := map[string]bool{}
+	// Blocks are hashed in order and uploaded by fetchWorkers goroutines.
+	var (
+		layers []ocispec.Descriptor
+		seen   = map[string]bool{}
+		mu     sync.Mutex // guards res's counters
+	)
 	bar := newBar(opts.Progress, int64(d.Length), "pushing base")
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(fetchWorkers)
 	m, err := blockmanifest.Build(base, d.Length, func(i int, block []byte) error {
 		bar.Add(len(block))
 		sum := sha256.Sum256(block)
@@ -235,16 +241,25 @@ func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot,
 		}
 		seen[desc.Digest.String()] = true
 		layers = append(layers, desc)
-		pushed, err := pushIfMissing(ctx, repo, desc, bytes.NewReader(block))
-		if err != nil {
-			return fmt.Errorf("pushing base block %d to %s: %w", i, ref, err)
-		}
-		if pushed {
-			res.BlocksPushed++
-			res.BytesPushed += desc.Size
-		}
-		return nil
+		data := bytes.Clone(block)
+		g.Go(func() error {
+			pushed, err := pushIfMissing(gctx, repo, desc, bytes.NewReader(data))
+			if err != nil {
+				return fmt.Errorf("pushing base block %d to %s: %w", i, ref, err)
+			}
+			if pushed {
+				mu.Lock()
+				res.BlocksPushed++
+				res.BytesPushed += desc.Size
+				mu.Unlock()
+			}
+			return nil
+		})
+		return gctx.Err()
 	})
+	if werr := g.Wait(); werr != nil {
+		err = werr // the upload's error, not the cancellation it caused
+	}
 	bar.Finish()
 	if err != nil {
 		return err
@@ -404,7 +419,11 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	}
 	res := &PullResult{BaseDigest: man.Annotations[BaseDigestAnnotation]}
 
-	tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(imageDir)), "."+filepath.Base(imageDir)+".pull-")
+	parent := filepath.Dir(filepath.Clean(imageDir))
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(imageDir)+".pull-")
 	if err != nil {
 		return nil, err
 	}

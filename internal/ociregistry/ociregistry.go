@@ -43,6 +43,9 @@ func Start(bin, dir, user, password string) (*Registry, error) {
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("registry binary: %w (run tools/registry.sh)", err)
 	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
 	port, err := freePort()
 	if err != nil {
 		return nil, err

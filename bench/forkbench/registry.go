@@ -1,0 +1,201 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/ociregistry"
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// FleetResult is one runtime's numbers for the registry scenario: a sandbox
+// parked on node A and pushed, pulled on a cold node B and restored; then a
+// clone of it parked again on A, pushed, and pulled on B, which now holds
+// the base.
+type FleetResult struct {
+	Runtime string `json:"runtime"`
+	HeapMiB int    `json:"heap_mib"`
+
+	PushMs          float64 `json:"push_ms"`
+	PushBytes       int64   `json:"push_bytes"`
+	ColdPullMs      float64 `json:"cold_pull_ms"`
+	ColdPullBytes   int64   `json:"cold_pull_bytes"`
+	ColdRestoreMs   float64 `json:"cold_restore_ms"`
+	RepushBytes     int64   `json:"repush_bytes"`
+	WarmPullMs      float64 `json:"warm_pull_ms"`
+	WarmPullBytes   int64   `json:"warm_pull_bytes"`
+	WarmRestoreMs   float64 `json:"warm_restore_ms"`
+	ColdPullTotalMs float64 `json:"cold_pull_plus_restore_ms"`
+
+	// Runs holds every repetition's numbers; the fields above are their
+	// medians.
+	Runs []FleetResult `json:"runs,omitempty"`
+}
+
+// fleet runs the registry scenario for each runtime (plain upstream, and
+// forkvisor with --shared-base) against a registry on loopback, -repeat
+// times.
+func fleet(dir string, runtimes []runtimeConfig, heapMiB int) []FleetResult {
+	runs := map[string][]FleetResult{}
+	// Alternate runtimes within each repetition; each repetition has a
+	// registry of its own, so that no run finds blocks of an earlier one.
+	for i := 0; i < *repeat; i++ {
+		reg, err := ociregistry.Start(ociregistry.Binary(abs(".")), filepath.Join(dir, fmt.Sprintf("registry-%d", i)), "", "")
+		must(err)
+		addCleanup(reg.Stop)
+		for _, rt := range runtimes {
+			fmt.Fprintf(os.Stderr, "forkbench: registry, %s, run %d/%d\n", rt.name, i+1, *repeat)
+			runs[rt.name] = append(runs[rt.name], fleetRun(filepath.Join(dir, fmt.Sprintf("fleet-%s-%d", rt.name, i)), rt, reg, heapMiB))
+		}
+		reg.Stop()
+		os.RemoveAll(reg.Storage)
+	}
+	var out []FleetResult
+	for _, rt := range runtimes {
+		out = append(out, mergeFleet(runs[rt.name]))
+	}
+	return out
+}
+
+// mergeFleet returns the medians of runs, field by field, with the runs.
+func mergeFleet(runs []FleetResult) FleetResult {
+	med := func(get func(FleetResult) float64) float64 {
+		var v []float64
+		for _, r := range runs {
+			v = append(v, get(r))
+		}
+		return median(v)
+	}
+	m := runs[0]
+	m.PushMs = med(func(r FleetResult) float64 { return r.PushMs })
+	m.PushBytes = int64(med(func(r FleetResult) float64 { return float64(r.PushBytes) }))
+	m.ColdPullMs = med(func(r FleetResult) float64 { return r.ColdPullMs })
+	m.ColdPullBytes = int64(med(func(r FleetResult) float64 { return float64(r.ColdPullBytes) }))
+	m.ColdRestoreMs = med(func(r FleetResult) float64 { return r.ColdRestoreMs })
+	m.ColdPullTotalMs = med(func(r FleetResult) float64 { return r.ColdPullTotalMs })
+	m.RepushBytes = int64(med(func(r FleetResult) float64 { return float64(r.RepushBytes) }))
+	m.WarmPullMs = med(func(r FleetResult) float64 { return r.WarmPullMs })
+	m.WarmPullBytes = int64(med(func(r FleetResult) float64 { return float64(r.WarmPullBytes) }))
+	m.WarmRestoreMs = med(func(r FleetResult) float64 { return r.WarmRestoreMs })
+	m.Runs = runs
+	return m
+}
+
+// fleetRun is one repetition (run) of the registry scenario for rt.
+func fleetRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB int) FleetResult {
+	res := FleetResult{Runtime: rt.name, HeapMiB: heapMiB}
+	nodeA := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(dir, "a", "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("registry-a", rt)}
+	nodeB := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(dir, "b", "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("registry-b", rt)}
+	for _, r := range []*sandbox.Runsc{nodeA, nodeB} {
+		addCleanup(r.Cleanup)
+		defer r.Cleanup()
+	}
+	defer os.RemoveAll(dir)
+	bundle := filepath.Join(dir, "bundle")
+	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4"))
+	srcOut := filepath.Join(dir, "source.out")
+	must(nodeA.Run(bundle, "source", srcOut))
+	_, _, err := sandbox.WaitForLine(srcOut, 0, 120*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		return err == nil && tk.N >= 2
+	})
+	must(err)
+	var flags []string
+	if rt.fork {
+		flags = []string{"--shared-base"}
+	}
+	image := filepath.Join(dir, "a", "image")
+	must(nodeA.Checkpoint("source", image, flags...))
+	nodeA.Destroy("source")
+	ref := reg.Addr + "/forkbench/" + rt.name
+
+	// Push, cold pull on B, restore on B.
+	start := time.Now()
+	out := ociTool(nodeA, "push", image, ref+":v1")
+	res.PushMs = ms(time.Since(start))
+	res.PushBytes = bytesIn(out, "uploaded")
+	imageB := filepath.Join(dir, "b", "image-v1")
+	start = time.Now()
+	out = ociTool(nodeB, "pull", ref+":v1", imageB)
+	res.ColdPullMs = ms(time.Since(start))
+	res.ColdPullBytes = bytesIn(out, "fetched")
+	res.ColdRestoreMs = restoreToTick(nodeB, bundle, "b1", imageB, filepath.Join(dir, "b1.out"))
+	res.ColdPullTotalMs = res.ColdPullMs + res.ColdRestoreMs
+	nodeB.Destroy("b1")
+
+	// A clone on A runs a while and is parked again (forkvisor: against the
+	// same base), pushed, and pulled on B, which holds the base now.
+	cloneOut := filepath.Join(dir, "a1.out")
+	restoreToTick(nodeA, bundle, "a1", image, cloneOut)
+	first, _, err := sandbox.WaitForLine(cloneOut, 0, 10*time.Second, sandbox.IsTick)
+	must(err)
+	ft, _ := sandbox.ParseTick(first)
+	_, _, err = sandbox.WaitForLine(cloneOut, 0, 120*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		return err == nil && tk.N >= ft.N+5
+	})
+	must(err)
+	image2 := filepath.Join(dir, "a", "image-v2")
+	must(nodeA.Checkpoint("a1", image2, flags...))
+	nodeA.Destroy("a1")
+	out = ociTool(nodeA, "push", image2, ref+":v2")
+	res.RepushBytes = bytesIn(out, "uploaded")
+	imageB2 := filepath.Join(dir, "b", "image-v2")
+	start = time.Now()
+	out = ociTool(nodeB, "pull", ref+":v2", imageB2)
+	res.WarmPullMs = ms(time.Since(start))
+	res.WarmPullBytes = bytesIn(out, "fetched")
+	res.WarmRestoreMs = restoreToTick(nodeB, bundle, "b2", imageB2, filepath.Join(dir, "b2.out"))
+	nodeB.Destroy("b2")
+	return res
+}
+
+// restoreToTick restores id from image on r and returns the milliseconds to
+// its first tick line.
+func restoreToTick(r *sandbox.Runsc, bundle, id, image, out string) float64 {
+	start := time.Now()
+	must(r.Restore(bundle, id, image, out))
+	_, _, err := sandbox.WaitForLineEvery(out, 0, 120*time.Second, time.Millisecond, sandbox.IsTick)
+	must(err)
+	return ms(time.Since(start))
+}
+
+// ociTool runs bin/forkvisor-oci for node r (its base store; the fork's
+// runsc verifies and stores pulled bases) and returns its output.
+func ociTool(r *sandbox.Runsc, args ...string) string {
+	cmd := exec.Command(abs(*ociBin), append([]string{"--plain-http", "--base-store", r.StorePath(), "--runsc", abs(*forkBin)}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		fatalf("forkvisor-oci %v: %v: %s", args, err, out)
+	}
+	return string(out)
+}
+
+// bytesIn returns N from the line "<word> N bytes" of out.
+func bytesIn(out, word string) int64 {
+	m := regexp.MustCompile(regexp.QuoteMeta(word) + ` (\d+) bytes`).FindStringSubmatch(out)
+	if m == nil {
+		fatalf("no %q byte count in forkvisor-oci output:\n%s", word, out)
+	}
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	return n
+}
+
+func printFleet(results []FleetResult) {
+	if len(results) == 0 {
+		return
+	}
+	fmt.Printf("\nregistry: medians over %d run(s); MiB are bytes the tool moved (push: uploaded, pull: fetched)", len(results[0].Runs))
+	fmt.Printf("\n%-10s %5s %8s %9s %9s %10s %10s %11s %10s %10s %10s\n",
+		"registry", "heap", "push_ms", "push_MiB", "cold_pull", "cold_MiB", "cold_rst", "repush_MiB", "warm_pull", "warm_MiB", "warm_rst")
+	for _, r := range results {
+		fmt.Printf("%-10s %5d %8.0f %9.1f %9.0f %10.1f %10.0f %11.1f %10.0f %10.2f %10.0f\n",
+			r.Runtime, r.HeapMiB, r.PushMs, mib(r.PushBytes), r.ColdPullMs, mib(r.ColdPullBytes), r.ColdRestoreMs,
+			mib(r.RepushBytes), r.WarmPullMs, mib(r.WarmPullBytes), r.WarmRestoreMs)
+	}
+}
