@@ -112,6 +112,7 @@ demo: setup all
 # and the pgalloc flatten table.
 bench: setup all flatten-table
 	$(GO) run ./bench/forkbench -repeat 3 -json bench/out/forkbench.json
+	$(GO) run ./bench/plot bench/out/forkbench.json
 
 clean:
 	rm -rf build bin

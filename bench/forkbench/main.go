@@ -216,9 +216,10 @@ func main() {
 	if *jsonOut != "" {
 		if err := os.MkdirAll(filepath.Dir(*jsonOut), 0o755); err == nil {
 			b, _ := json.MarshalIndent(map[string]any{
-				"date":     time.Now().UTC().Format(time.RFC3339),
-				"results":  results,
-				"registry": fleetResults,
+				"date":       time.Now().UTC().Format(time.RFC3339),
+				"conditions": conditions(),
+				"results":    results,
+				"registry":   fleetResults,
 			}, "", "  ")
 			if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 				fatalf("%v", err)

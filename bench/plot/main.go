@@ -1,0 +1,180 @@
+// Command plot draws forkbench's results: for a result file X.json it writes
+// X-restore.svg (every restore → first output sample, per scenario and
+// runtime, as box plots over the raw samples) and X-pss.svg (total Pss of
+// all clones, per scenario and runtime), next to it (-format png for PNG).
+//
+//	go run ./bench/plot bench/results-2026-12-01.json
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"image/color"
+	"os"
+	"sort"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// result is the part of forkbench's Result that the plots use.
+type result struct {
+	Scenario       string    `json:"scenario"`
+	Runtime        string    `json:"runtime"`
+	RestoreMs      []float64 `json:"restore_ms"`
+	FirstRestoreMs []float64 `json:"first_restore_ms"`
+	TotalPssMiB    float64   `json:"total_pss_mib"`
+}
+
+var format = flag.String("format", "svg", "image format: svg or png")
+
+func main() {
+	flag.Parse()
+	if flag.NArg() != 1 || (*format != "svg" && *format != "png") {
+		fmt.Fprintln(os.Stderr, "usage: plot [-format svg|png] RESULTS.json")
+		os.Exit(2)
+	}
+	if err := run(flag.Arg(0)); err != nil {
+		fmt.Fprintf(os.Stderr, "plot: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var file struct {
+		Results []result `json:"results"`
+	}
+	if err := json.Unmarshal(data, &file); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	var clones []result
+	for _, r := range file.Results {
+		if len(r.RestoreMs)+len(r.FirstRestoreMs) > 0 && r.TotalPssMiB > 0 {
+			clones = append(clones, r)
+		}
+	}
+	if len(clones) == 0 {
+		return fmt.Errorf("%s holds no clone scenario results", path)
+	}
+	scenarios, runtimes := axes(clones)
+	stem := strings.TrimSuffix(path, ".json")
+	restoreOut, pssOut := stem+"-restore."+*format, stem+"-pss."+*format
+	if err := restorePlot(clones, scenarios, runtimes, restoreOut); err != nil {
+		return err
+	}
+	if err := pssPlot(clones, scenarios, runtimes, pssOut); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s and %s\n", restoreOut, pssOut)
+	return nil
+}
+
+// axes returns the scenarios in file order and the runtimes sorted.
+func axes(rs []result) (scenarios, runtimes []string) {
+	seenS, seenR := map[string]bool{}, map[string]bool{}
+	for _, r := range rs {
+		if !seenS[r.Scenario] {
+			seenS[r.Scenario] = true
+			scenarios = append(scenarios, r.Scenario)
+		}
+		if !seenR[r.Runtime] {
+			seenR[r.Runtime] = true
+			runtimes = append(runtimes, r.Runtime)
+		}
+	}
+	sort.Strings(runtimes)
+	return scenarios, runtimes
+}
+
+func find(rs []result, scenario, runtime string) (result, bool) {
+	for _, r := range rs {
+		if r.Scenario == scenario && r.Runtime == runtime {
+			return r, true
+		}
+	}
+	return result{}, false
+}
+
+const groupWidth = 1.0
+
+func restorePlot(rs []result, scenarios, runtimes []string, out string) error {
+	p := plot.New()
+	p.Title.Text = "restore → first output (every clone after the first; ms)"
+	p.Y.Label.Text = "ms"
+	w := vg.Points(14)
+	for j, rt := range runtimes {
+		for i, sc := range scenarios {
+			r, ok := find(rs, sc, rt)
+			if !ok || len(r.RestoreMs) == 0 {
+				continue
+			}
+			box, err := plotter.NewBoxPlot(w, float64(i)*groupWidth*float64(len(runtimes)+1)+float64(j), plotter.Values(r.RestoreMs))
+			if err != nil {
+				return err
+			}
+			box.FillColor = plotutil.Color(j)
+			p.Add(box)
+			if i == 0 {
+				p.Legend.Add(rt, swatch{plotutil.Color(j)})
+			}
+		}
+	}
+	p.NominalX(nominal(scenarios, runtimes)...)
+	p.Y.Min = 0
+	p.Legend.Top = true
+	return p.Save(vg.Length(120*len(scenarios)+200), 4*vg.Inch, out)
+}
+
+func pssPlot(rs []result, scenarios, runtimes []string, out string) error {
+	p := plot.New()
+	p.Title.Text = "total Pss of all clones (MiB)"
+	p.Y.Label.Text = "MiB"
+	w := vg.Points(14)
+	for j, rt := range runtimes {
+		vals := make(plotter.Values, len(scenarios))
+		for i, sc := range scenarios {
+			if r, ok := find(rs, sc, rt); ok {
+				vals[i] = r.TotalPssMiB
+			}
+		}
+		bars, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return err
+		}
+		bars.Color = plotutil.Color(j)
+		bars.Offset = w * vg.Length(j-len(runtimes)/2)
+		p.Add(bars)
+		p.Legend.Add(rt, bars)
+	}
+	p.NominalX(scenarios...)
+	p.Legend.Top = true
+	return p.Save(vg.Length(120*len(scenarios)+200), 4*vg.Inch, out)
+}
+
+// nominal labels the box plot positions: the scenario under the middle
+// runtime of each group.
+func nominal(scenarios, runtimes []string) []string {
+	n := len(scenarios) * (len(runtimes) + 1)
+	labels := make([]string, n)
+	for i, sc := range scenarios {
+		labels[i*(len(runtimes)+1)+len(runtimes)/2] = sc
+	}
+	return labels
+}
+
+// swatch is a legend entry: a filled square of one color.
+type swatch struct{ color color.Color }
+
+// Thumbnail implements plot.Thumbnailer.
+func (s swatch) Thumbnail(c *draw.Canvas) {
+	c.FillPolygon(s.color, []vg.Point{{X: c.Min.X, Y: c.Min.Y}, {X: c.Min.X, Y: c.Max.Y}, {X: c.Max.X, Y: c.Max.Y}, {X: c.Max.X, Y: c.Min.Y}})
+}
