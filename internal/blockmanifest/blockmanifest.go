@@ -97,7 +97,7 @@ func (m *Manifest) Validate() error {
 		return fmt.Errorf("block manifest block size %d, want %d", m.BlockSize, BlockSize)
 	case m.Length == 0:
 		return errors.New("block manifest of an empty base")
-	case uint64(len(m.Blocks)) != (m.Length+m.BlockSize-1)/m.BlockSize:
+	case uint64(len(m.Blocks)) != (m.Length-1)/m.BlockSize+1:
 		return fmt.Errorf("block manifest lists %d blocks for %d bytes", len(m.Blocks), m.Length)
 	}
 	want, err := parseSHA256(m.Digest)
@@ -202,8 +202,8 @@ func parseSHA256(s string) ([]byte, error) {
 		return nil, fmt.Errorf("%q is not a sha256 digest", s)
 	}
 	b, err := hex.DecodeString(s[len(prefix):])
-	if err != nil {
-		return nil, fmt.Errorf("%q is not a sha256 digest", s)
+	if err != nil || hex.EncodeToString(b) != s[len(prefix):] {
+		return nil, fmt.Errorf("%q is not a sha256 digest in lowercase hex", s)
 	}
 	return b, nil
 }

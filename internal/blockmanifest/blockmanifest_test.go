@@ -1,6 +1,7 @@
 package blockmanifest
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -88,6 +89,8 @@ func TestDecodeRefuses(t *testing.T) {
 		{"version", func(m *Manifest) { m.Version = 2 }, "version 2"},
 		{"block size", func(m *Manifest) { m.BlockSize = 4096 }, "block size 4096"},
 		{"malformed digest", func(m *Manifest) { m.Blocks[0] = "md5:00" }, "not a sha256 digest"},
+		{"uppercase digest", func(m *Manifest) { m.Blocks[0] = strings.ToUpper(m.Blocks[0][:7]) + strings.ToUpper(m.Blocks[0][7:]) }, "not a sha256 digest"},
+		{"length that overflows the block count", func(m *Manifest) { m.Length = ^uint64(0) - 100; m.Blocks = nil }, "lists 0 blocks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := *m
@@ -113,5 +116,55 @@ func TestBuildRefusesShortFile(t *testing.T) {
 	f, length := writeBase(t)
 	if _, err := Build(f, length+BlockSize, nil); err == nil || !strings.Contains(err.Error(), "shorter than") {
 		t.Errorf("Build past EOF = %v", err)
+	}
+}
+
+// goldenRoot is the root of goldenBase, as the fork's pgalloc.DigestBase
+// computes it (its test TestDigestBaseGolden pins the same value): if either
+// side changes its domain string, header or entries, one of the two tests
+// fails.
+const goldenRoot = "sha256:3696562730429f4220f0889013cf7f83c490aafaa3c6ebfca6a8776aa1b48f66"
+
+// goldenBase writes the golden base: a block of i%251 bytes, a zero block, a
+// block holding "forkvisor" at offset 100, and a short block of 0xff.
+func goldenBase(t *testing.T) (*os.File, uint64) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), "golden.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	const length = 3*BlockSize + 8192
+	b0 := make([]byte, BlockSize)
+	for i := range b0 {
+		b0[i] = byte(i % 251)
+	}
+	last := bytes.Repeat([]byte{0xff}, 8192)
+	for _, err := range []error{
+		f.Truncate(length),
+		writeAt(f, b0, 0),
+		writeAt(f, []byte("forkvisor"), 2*BlockSize+100),
+		writeAt(f, last, 3*BlockSize),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f, length
+}
+
+func writeAt(f *os.File, b []byte, off int64) error {
+	_, err := f.WriteAt(b, off)
+	return err
+}
+
+func TestRootMatchesTheForksDigest(t *testing.T) {
+	f, length := goldenBase(t)
+	m, err := Build(f, length, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Digest != goldenRoot {
+		t.Errorf("root of the golden base = %s, want %s (pgalloc.DigestBase's)", m.Digest, goldenRoot)
 	}
 }

@@ -73,9 +73,10 @@ const (
 
 // Names in a checkpoint image directory (runsc/sharedbase in the fork).
 const (
-	baseImageName      = "base.img"
-	baseDescriptorName = "base.json"
-	writeSetName       = "base.writeset"
+	baseImageName          = "base.img"
+	baseDescriptorName     = "base.json"
+	writeSetName           = "base.writeset"
+	filestoresExternalName = "filestores-external.json"
 )
 
 // fixedCreated makes manifests reproducible: the same content gives the same
@@ -84,6 +85,19 @@ const fixedCreated = "1970-01-01T00:00:00Z"
 
 // fetchWorkers is the number of blobs fetched or pushed at once.
 const fetchWorkers = 4
+
+// Limits on what Pull accepts from a registry, checked before anything is
+// fetched: a registry is trusted to serve bytes that hash to the digests it
+// is asked for, not to bound their size.
+const (
+	// MaxBaseBytes is the largest base length accepted.
+	MaxBaseBytes = 1 << 40
+	// maxManifestBytes bounds a manifest (common registries refuse larger
+	// ones).
+	maxManifestBytes = 4 << 20
+	// pageSize is the granularity of base lengths.
+	pageSize = 4096
+)
 
 // Options are the options of Push and Pull.
 type Options struct {
@@ -106,6 +120,11 @@ func Repository(ref string, opts Options) (*remote.Repository, error) {
 		return nil, fmt.Errorf("reading the Docker configuration for credentials: %w", err)
 	}
 	repo.PlainHTTP = opts.PlainHTTP
+	// Registries without the referrers API (distribution 2.8, for one) keep
+	// a referrers index under a tag, and oras deletes the superseded index
+	// on every new referrer; deletes are off by default on such registries
+	// and for push-only credentials. Leave old indexes to the registry's GC.
+	repo.SkipReferrersGC = true
 	repo.Client = &auth.Client{
 		Client:     retry.DefaultClient,
 		Cache:      auth.NewCache(),
@@ -121,25 +140,27 @@ type baseDescriptor struct {
 	SHA256  string `json:"sha256"`
 }
 
-func readBaseDescriptor(path string) (*baseDescriptor, error) {
+// readBaseDescriptor reads and checks the base.json at path and returns it
+// with its bytes.
+func readBaseDescriptor(path string) (*baseDescriptor, []byte, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var d baseDescriptor
 	if err := json.Unmarshal(data, &d); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if d.Version != 1 {
-		return nil, fmt.Errorf("%s: version %d, want 1", path, d.Version)
+		return nil, nil, fmt.Errorf("%s: version %d, want 1", path, d.Version)
 	}
-	if id, err := hex.DecodeString(d.SHA256); err != nil || len(id) != sha256.Size {
-		return nil, fmt.Errorf("%s: sha256 %q is not a digest", path, d.SHA256)
+	if id, err := hex.DecodeString(d.SHA256); err != nil || len(id) != sha256.Size || hex.EncodeToString(id) != d.SHA256 {
+		return nil, nil, fmt.Errorf("%s: sha256 %q is not a lowercase hex digest", path, d.SHA256)
 	}
-	if d.Length == 0 {
-		return nil, fmt.Errorf("%s: empty base", path)
+	if d.Length == 0 || d.Length%pageSize != 0 || d.Length > MaxBaseBytes {
+		return nil, nil, fmt.Errorf("%s: base length %d is not a positive multiple of %d up to %d", path, d.Length, pageSize, uint64(MaxBaseBytes))
 	}
-	return &d, nil
+	return &d, data, nil
 }
 
 // PushResult says what Push did.
@@ -166,18 +187,21 @@ type PushResult struct {
 // records. Any other checkpoint is pushed as one artifact of its files.
 func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_ *PushResult, err error) {
 	defer explain(&err, ref)
-	d, err := readBaseDescriptor(filepath.Join(imageDir, baseDescriptorName))
+	d, descriptor, err := readBaseDescriptor(filepath.Join(imageDir, baseDescriptorName))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(imageDir, filestoresExternalName)); err == nil {
+		return nil, fmt.Errorf("%s keeps its writable layers outside the image (%s); push does not carry filestore snapshots, so the image could not be restored elsewhere", imageDir, filestoresExternalName)
 	}
 	repo, err := Repository(ref, opts)
 	if err != nil {
 		return nil, err
 	}
-	tag := repo.Reference.Reference
-	if tag == "" {
-		return nil, fmt.Errorf("reference %q has no tag", ref)
+	if err := repo.Reference.ValidateReferenceAsTag(); err != nil {
+		return nil, fmt.Errorf("reference %q: push needs a tag: %w", ref, err)
 	}
+	tag := repo.Reference.Reference
 	res := &PushResult{}
 	pack := oras.PackManifestOptions{ManifestAnnotations: map[string]string{ocispec.AnnotationCreated: fixedCreated}}
 	if d != nil {
@@ -186,12 +210,22 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 		}
 		pack.Subject = &res.BaseManifest
 		pack.ManifestAnnotations[BaseDigestAnnotation] = res.BaseDigest
+		// The base.json that was checked, not whatever the file holds now.
+		desc, n, err := pushBytes(ctx, repo, baseDescriptorName, descriptor)
+		if err != nil {
+			return nil, fmt.Errorf("pushing %s to %s: %w", baseDescriptorName, ref, err)
+		}
+		res.BytesPushed += n
+		pack.Layers = append(pack.Layers, desc)
 	}
 	files, err := checkpointFiles(imageDir)
 	if err != nil {
 		return nil, err
 	}
 	for _, name := range files {
+		if name == baseDescriptorName {
+			continue
+		}
 		desc, n, err := pushFile(ctx, repo, filepath.Join(imageDir, name))
 		if err != nil {
 			return nil, fmt.Errorf("pushing %s to %s: %w", name, ref, err)
@@ -214,6 +248,9 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot, ref string, d *baseDescriptor, opts Options, res *PushResult) error {
 	basePath := filepath.Join(imageDir, baseImageName)
 	if _, err := os.Stat(basePath); errors.Is(err, os.ErrNotExist) {
+		if storeRoot == "" {
+			return fmt.Errorf("%s has no %s and no base store was named", imageDir, baseImageName)
+		}
 		basePath = filepath.Join(storeRoot, "sha256", d.SHA256, baseImageName)
 	}
 	base, err := os.Open(basePath)
@@ -230,6 +267,7 @@ func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot,
 		mu     sync.Mutex // guards res's counters
 	)
 	bar := newBar(opts.Progress, int64(d.Length), "pushing base")
+	defer bar.Finish()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(fetchWorkers)
 	m, err := blockmanifest.Build(base, d.Length, func(i int, block []byte) error {
@@ -260,7 +298,6 @@ func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot,
 	if werr := g.Wait(); werr != nil {
 		err = werr // the upload's error, not the cancellation it caused
 	}
-	bar.Finish()
 	if err != nil {
 		return err
 	}
@@ -286,8 +323,18 @@ func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot,
 	if err != nil {
 		return fmt.Errorf("pushing the base manifest to %s: %w", ref, err)
 	}
+	// Registries keep what a tag names, and referrers of what they keep,
+	// not the subjects of tagged manifests: tag the base itself, so that
+	// garbage collection of untagged manifests keeps it.
+	if err := repo.Tag(ctx, res.BaseManifest, BaseTag(d.SHA256)); err != nil {
+		return fmt.Errorf("tagging the base manifest in %s: %w", ref, err)
+	}
 	return nil
 }
+
+// BaseTag is the tag Push gives the manifest of the base with hex digest
+// hexDigest.
+func BaseTag(hexDigest string) string { return "base-sha256-" + hexDigest }
 
 // checkpointFiles returns the names of the files of imageDir that a pull
 // must recreate: every regular file but the base, its learned write set
@@ -322,6 +369,18 @@ func pushIfMissing(ctx context.Context, repo *remote.Repository, desc ocispec.De
 		return false, nil
 	}
 	return true, repo.Push(ctx, desc, r)
+}
+
+// pushBytes pushes data as the checkpoint file layer name; it returns its
+// descriptor and the bytes uploaded.
+func pushBytes(ctx context.Context, repo *remote.Repository, name string, data []byte) (ocispec.Descriptor, int64, error) {
+	desc := content.NewDescriptorFromBytes(FileMediaType, data)
+	desc.Annotations = map[string]string{ocispec.AnnotationTitle: name}
+	pushed, err := pushIfMissing(ctx, repo, desc, bytes.NewReader(data))
+	if err != nil || !pushed {
+		return desc, 0, err
+	}
+	return desc, desc.Size, nil
 }
 
 // pushFile pushes the file at path as a checkpoint file layer; it returns
@@ -377,6 +436,17 @@ func (s BaseStore) Import(path, hexDigest string) error {
 	return nil
 }
 
+// Link has runsc make the stored base hexDigest part of imageDir (a hard
+// link and a recorded user), so that the store keeps it while the image
+// exists.
+func (s BaseStore) Link(imageDir, hexDigest string) error {
+	out, err := exec.Command(s.Runsc, "--base-store="+s.Root, "bases", "link", "sha256:"+hexDigest, imageDir).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("runsc bases link: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // PullResult says what Pull did.
 type PullResult struct {
 	// BaseDigest is the base digest, "sha256:<hex>".
@@ -395,8 +465,12 @@ type PullResult struct {
 }
 
 // Pull fetches the checkpoint ref into imageDir, which must not exist, and
-// its base into the node store unless the store holds it. On error, imageDir
-// is not created and the store is left as it was.
+// its base into the node store unless the store holds it; then it links the
+// base into imageDir. When the store holds the base already, the registry
+// must still show it holds every block of it (so that a checkpoint cannot
+// claim a base its registry does not have). On error, imageDir is not
+// created; a base already verified and stored stays stored (content
+// addressed: `runsc bases gc` removes it when no image uses it).
 func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Options) (_ *PullResult, err error) {
 	defer explain(&err, ref)
 	if _, err := os.Lstat(imageDir); err == nil {
@@ -411,28 +485,38 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 		return nil, fmt.Errorf("resolving %s: %w", ref, err)
 	}
 	var man ocispec.Manifest
-	if err := fetchJSON(ctx, repo, desc, &man); err != nil {
+	if err := fetchJSON(ctx, repo, desc, maxManifestBytes, &man); err != nil {
 		return nil, fmt.Errorf("%s: checkpoint manifest: %w", ref, err)
 	}
 	if man.ArtifactType != CheckpointArtifactType {
 		return nil, fmt.Errorf("%s is not a forkvisor checkpoint (artifact type %q, want %q)", ref, man.ArtifactType, CheckpointArtifactType)
 	}
 	res := &PullResult{BaseDigest: man.Annotations[BaseDigestAnnotation]}
+	var total int64
+	names := map[string]bool{}
+	for _, l := range man.Layers {
+		name := l.Annotations[ocispec.AnnotationTitle]
+		if l.MediaType != FileMediaType || name == "" || name != filepath.Base(name) || name == "." || name == ".." || strings.HasPrefix(name, ".") || name == baseImageName || name == writeSetName || names[name] || l.Size < 0 {
+			return nil, fmt.Errorf("%s: checkpoint layer %s (%q, media type %q) is not a checkpoint file", ref, l.Digest, name, l.MediaType)
+		}
+		names[name] = true
+		total += l.Size
+	}
 
 	parent := filepath.Dir(filepath.Clean(imageDir))
 	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", ref, err)
+	}
+	if err := checkSpace(parent, total); err != nil {
+		return nil, fmt.Errorf("%s: checkpoint files: %w", ref, err)
 	}
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(imageDir)+".pull-")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
 	defer os.RemoveAll(tmp)
 	for _, l := range man.Layers {
 		name := l.Annotations[ocispec.AnnotationTitle]
-		if l.MediaType != FileMediaType || name == "" || name != filepath.Base(name) || name == "." || name == ".." || strings.HasPrefix(name, ".") || name == baseImageName {
-			return nil, fmt.Errorf("%s: checkpoint layer %s (%q, media type %q) is not a checkpoint file", ref, l.Digest, name, l.MediaType)
-		}
 		n, err := fetchToFile(ctx, repo, l, filepath.Join(tmp, name))
 		if err != nil {
 			return nil, fmt.Errorf("%s: fetching %s (%s): %w", ref, name, l.Digest, err)
@@ -440,73 +524,114 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 		res.BytesFetched += n
 		res.Files = append(res.Files, name)
 	}
-	d, err := readBaseDescriptor(filepath.Join(tmp, baseDescriptorName))
+	d, _, err := readBaseDescriptor(filepath.Join(tmp, baseDescriptorName))
 	switch {
 	case errors.Is(err, os.ErrNotExist) && man.Subject == nil && res.BaseDigest == "":
-		// A checkpoint without a shared base.
+		d = nil // A checkpoint without a shared base.
+	case errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("%s: the manifest names a base (%q) but the checkpoint has no %s", ref, res.BaseDigest, baseDescriptorName)
 	case err != nil:
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	case man.Subject == nil || res.BaseDigest != "sha256:"+d.SHA256:
-		return nil, fmt.Errorf("%s: the checkpoint's base.json needs base sha256:%s, the manifest names %q", ref, d.SHA256, res.BaseDigest)
-	case store.Has(d.SHA256):
-		res.BaseWasStored = true
+		return nil, fmt.Errorf("%s: the checkpoint's %s needs base sha256:%s, the manifest names %q", ref, baseDescriptorName, d.SHA256, res.BaseDigest)
 	default:
-		if err := pullBase(ctx, repo, ref, *man.Subject, d, store, opts, res); err != nil {
+		m, layers, err := fetchBlockManifest(ctx, repo, ref, *man.Subject, d)
+		if err != nil {
+			return nil, err
+		}
+		res.Blocks = len(m.Blocks)
+		if store.Has(d.SHA256) {
+			if err := checkBlocksExist(ctx, repo, ref, layers); err != nil {
+				return nil, err
+			}
+			res.BaseWasStored = true
+		} else if err := pullBase(ctx, repo, ref, m, d, store, opts, res); err != nil {
 			return nil, err
 		}
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, imageDir); err != nil {
-		return nil, err
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, imageDir, unix.RENAME_NOREPLACE); err != nil {
+		return nil, fmt.Errorf("%s: moving the pulled image into %s: %w", ref, imageDir, err)
+	}
+	if d != nil {
+		if err := store.Link(imageDir, d.SHA256); err != nil {
+			os.RemoveAll(imageDir)
+			return nil, fmt.Errorf("%s: %w", ref, err)
+		}
 	}
 	return res, nil
 }
 
-// pullBase fetches the base manifest subject, checks it against d, fetches
-// every distinct non-zero block, verified, into a file in the store's
-// directory, and has the store import it.
-func pullBase(ctx context.Context, repo *remote.Repository, ref string, subject ocispec.Descriptor, d *baseDescriptor, store BaseStore, opts Options, res *PullResult) error {
+// fetchBlockManifest fetches the base manifest subject and its block
+// manifest, and checks them against d; it returns the block manifest and
+// the manifest's block layers.
+func fetchBlockManifest(ctx context.Context, repo *remote.Repository, ref string, subject ocispec.Descriptor, d *baseDescriptor) (*blockmanifest.Manifest, []ocispec.Descriptor, error) {
 	var man ocispec.Manifest
-	if err := fetchJSON(ctx, repo, subject, &man); err != nil {
-		return fmt.Errorf("%s: base manifest %s: %w", ref, subject.Digest, err)
+	if err := fetchJSON(ctx, repo, subject, maxManifestBytes, &man); err != nil {
+		return nil, nil, fmt.Errorf("%s: base manifest %s: %w", ref, subject.Digest, err)
 	}
 	if man.ArtifactType != BaseArtifactType || man.Config.MediaType != blockmanifest.MediaType {
-		return fmt.Errorf("%s: base manifest %s is not a forkvisor base (artifact type %q, config %q)", ref, subject.Digest, man.ArtifactType, man.Config.MediaType)
+		return nil, nil, fmt.Errorf("%s: base manifest %s is not a forkvisor base (artifact type %q, config %q)", ref, subject.Digest, man.ArtifactType, man.Config.MediaType)
 	}
-	cfgData, err := content.FetchAll(ctx, repo, man.Config)
+	// 80 bytes per block entry is more than `"sha256:<64 hex>",` needs.
+	maxConfig := int64(256 + 80*((d.Length-1)/blockmanifest.BlockSize+1))
+	cfgData, err := fetchBytes(ctx, repo, man.Config, maxConfig)
 	if err != nil {
-		return fmt.Errorf("%s: block manifest %s: %w", ref, man.Config.Digest, err)
+		return nil, nil, fmt.Errorf("%s: block manifest %s: %w", ref, man.Config.Digest, err)
 	}
-	res.BytesFetched += int64(len(cfgData))
 	m, err := blockmanifest.Decode(cfgData)
 	if err != nil {
-		return fmt.Errorf("%s: %w", ref, err)
+		return nil, nil, fmt.Errorf("%s: %w", ref, err)
 	}
 	if m.Digest != "sha256:"+d.SHA256 || m.Length != d.Length {
-		return fmt.Errorf("%s: block manifest is for base %s (%d bytes), the checkpoint needs sha256:%s (%d bytes)", ref, m.Digest, m.Length, d.SHA256, d.Length)
+		return nil, nil, fmt.Errorf("%s: block manifest is for base %s (%d bytes), the checkpoint needs sha256:%s (%d bytes)", ref, m.Digest, m.Length, d.SHA256, d.Length)
 	}
-	res.Blocks = len(m.Blocks)
+	// The layers must be exactly the distinct non-zero blocks.
+	want := map[string]bool{}
+	for i, b := range m.Blocks {
+		if !m.Zero(i) {
+			want[b] = true
+		}
+	}
+	for _, l := range man.Layers {
+		if l.MediaType != BlockMediaType || !want[l.Digest.String()] {
+			return nil, nil, fmt.Errorf("%s: base manifest %s lists layer %s (%q), which is not a block of the base", ref, subject.Digest, l.Digest, l.MediaType)
+		}
+		delete(want, l.Digest.String())
+	}
+	if len(want) != 0 {
+		return nil, nil, fmt.Errorf("%s: base manifest %s lacks %d block(s) of the base", ref, subject.Digest, len(want))
+	}
+	return m, man.Layers, nil
+}
 
-	if err := os.MkdirAll(store.Root, 0o711); err != nil {
-		return err
+// checkBlocksExist checks that the repository holds every block layer.
+func checkBlocksExist(ctx context.Context, repo *remote.Repository, ref string, layers []ocispec.Descriptor) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(fetchWorkers)
+	for _, l := range layers {
+		g.Go(func() error {
+			ok, err := repo.Exists(gctx, l)
+			if err != nil {
+				return fmt.Errorf("%s: base block %s: %w", ref, l.Digest, err)
+			}
+			if !ok {
+				return fmt.Errorf("%s: the registry lacks base block %s", ref, l.Digest)
+			}
+			return nil
+		})
 	}
-	dir, err := os.MkdirTemp(store.Root, ".pull-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	path := filepath.Join(dir, baseImageName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := f.Truncate(int64(m.Length)); err != nil {
-		return err
-	}
+	return g.Wait()
+}
 
+// pullBase fetches every distinct non-zero block of m, verified, into a file
+// in the store's directory, and has the store import it.
+func pullBase(ctx context.Context, repo *remote.Repository, ref string, m *blockmanifest.Manifest, d *baseDescriptor, store BaseStore, opts Options, res *PullResult) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%s: storing base sha256:%s needs root (a stored base is owned by root)", ref, d.SHA256)
+	}
 	// Blocks by digest: each distinct block is fetched once, then written
 	// wherever the base repeats it.
 	where := map[string][]int{}
@@ -523,10 +648,34 @@ func pullBase(ctx context.Context, repo *remote.Repository, ref string, subject 
 	}
 	var total int64
 	for _, b := range order {
-		_, n := m.Range(where[b][0])
-		total += int64(n)
+		for _, i := range where[b] {
+			_, n := m.Range(i)
+			total += int64(n)
+		}
 	}
+	if err := os.MkdirAll(store.Root, 0o711); err != nil {
+		return err
+	}
+	if err := checkSpace(store.Root, total); err != nil {
+		return fmt.Errorf("%s: base sha256:%s: %w", ref, d.SHA256, err)
+	}
+	dir, err := os.MkdirTemp(store.Root, ".pull-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, baseImageName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Truncate(int64(m.Length)); err != nil {
+		return err
+	}
+
 	bar := newBar(opts.Progress, total, "fetching base")
+	defer bar.Finish()
 	var fetched atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(fetchWorkers)
@@ -544,15 +693,13 @@ func pullBase(ctx context.Context, repo *remote.Repository, ref string, subject 
 				if _, err := f.WriteAt(block, int64(off)); err != nil {
 					return fmt.Errorf("writing base block %d to %s: %w", i, path, err)
 				}
+				bar.Add(len(block))
 			}
 			fetched.Add(int64(len(block)))
-			bar.Add(len(block))
 			return nil
 		})
 	}
-	err = g.Wait()
-	bar.Finish()
-	if err != nil {
+	if err := g.Wait(); err != nil {
 		return err
 	}
 	res.BlocksFetched = len(order)
@@ -563,10 +710,27 @@ func pullBase(ctx context.Context, repo *remote.Repository, ref string, subject 
 	if err := f.Chmod(0o444); err != nil {
 		return err
 	}
-	if err := unix.Fchown(int(f.Fd()), 0, 0); err != nil {
-		return fmt.Errorf("a stored base must be owned by root: %w", err)
+	// The store takes only a file that nobody can write any more.
+	if err := f.Close(); err != nil {
+		return err
 	}
-	return store.Import(path, d.SHA256)
+	if err := store.Import(path, d.SHA256); err != nil {
+		return fmt.Errorf("%s: %w", ref, err)
+	}
+	return nil
+}
+
+// checkSpace returns an error if the filesystem of dir has less than need
+// bytes available.
+func checkSpace(dir string, need int64) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if avail := int64(st.Bavail) * st.Bsize; need > avail {
+		return fmt.Errorf("needs %d bytes, %s has %d available", need, dir, avail)
+	}
+	return nil
 }
 
 // explain adds to *err what a user can do about it, where that is known.
@@ -577,9 +741,19 @@ func explain(err *error, ref string) {
 	}
 }
 
-// fetchJSON fetches desc, verified, and decodes it into v.
-func fetchJSON(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, v any) error {
-	data, err := content.FetchAll(ctx, repo, desc)
+// fetchBytes fetches desc, verified, refusing a descriptor that declares
+// more than max bytes before fetching anything.
+func fetchBytes(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, max int64) ([]byte, error) {
+	if desc.Size < 0 || desc.Size > max {
+		return nil, fmt.Errorf("it declares %d bytes, more than the %d accepted", desc.Size, max)
+	}
+	return content.FetchAll(ctx, repo, desc)
+}
+
+// fetchJSON fetches desc (at most max bytes), verified, and decodes it into
+// v.
+func fetchJSON(ctx context.Context, repo *remote.Repository, desc ocispec.Descriptor, max int64, v any) error {
+	data, err := fetchBytes(ctx, repo, desc, max)
 	if err != nil {
 		return err
 	}

@@ -179,3 +179,118 @@ func TestPullRefuses(t *testing.T) {
 		})
 	}
 }
+
+// syntheticImage writes an image directory holding a base (a data block, a
+// zero block and a repeat of the data block, then a short block), a base.json
+// naming digest (the base's own if empty) and a checkpoint file.
+func syntheticImage(t *testing.T, digest string) (string, *blockmanifest.Manifest) {
+	t.Helper()
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, baseImageName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const length = 3*blockmanifest.BlockSize + 8192
+	block := bytes.Repeat([]byte("forkvisor block "), blockmanifest.BlockSize/16)
+	for _, err := range []error{
+		f.Truncate(length),
+		writeAt(f, block, 0),
+		writeAt(f, block, 2*blockmanifest.BlockSize),
+		writeAt(f, []byte("tail"), 3*blockmanifest.BlockSize),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := blockmanifest.Build(f, length, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if digest == "" {
+		digest = m.Digest
+	}
+	d, _ := json.Marshal(map[string]any{"version": 1, "length": length, "sha256": strings.TrimPrefix(digest, "sha256:")})
+	if err := os.WriteFile(filepath.Join(dir, baseDescriptorName), d, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "checkpoint.img"), []byte("state"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir, m
+}
+
+func writeAt(f *os.File, b []byte, off int64) error {
+	_, err := f.WriteAt(b, off)
+	return err
+}
+
+// TestPushRefusesAMismatchedBase checks that a base that does not hash to
+// the digest in base.json is not pushed under the tag.
+func TestPushRefusesAMismatchedBase(t *testing.T) {
+	reg := registry(t)
+	dir, m := syntheticImage(t, "sha256:"+strings.Repeat("ab", 32))
+	ref := reg.Addr + "/mismatch/ckpt:v1"
+	if _, err := Push(context.Background(), dir, "", ref, opts); err == nil || !strings.Contains(err.Error(), "hashes to "+m.Digest) {
+		t.Fatalf("Push of a mismatched base = %v", err)
+	}
+	repo, err := Repository(ref, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Resolve(context.Background(), "v1"); err == nil {
+		t.Errorf("the tag exists after a refused push")
+	}
+}
+
+// TestPullBaseFailuresLeaveNothing pulls a checkpoint with a base into cold
+// stores and makes the base's storing fail in different ways: nothing may be
+// left in the store or beside the image directory.
+func TestPullBaseFailuresLeaveNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		prereq.Missing(t, "needs root (a stored base is owned by root)")
+	}
+	reg := registry(t)
+	dir, m := syntheticImage(t, "")
+	ref := reg.Addr + "/failures/ckpt:v1"
+	res, err := Push(context.Background(), dir, "", ref, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Block 2 repeats block 0: one upload.
+	if res.Blocks != 4 || res.ZeroBlocks != 1 || res.BlocksPushed != 2 {
+		t.Errorf("Push = %+v; want 4 blocks, 1 zero, 2 distinct uploaded", res)
+	}
+	pull := func(t *testing.T, runsc, want string) {
+		t.Helper()
+		parent := t.TempDir()
+		store := filepath.Join(t.TempDir(), "store")
+		_, err := Pull(context.Background(), ref, filepath.Join(parent, "image"), BaseStore{Root: store, Runsc: runsc}, opts)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), ref) {
+			t.Errorf("Pull = %v; want an error naming %s and containing %q", err, ref, want)
+		}
+		if left, _ := filepath.Glob(filepath.Join(parent, "*")); len(left) != 0 { // "*" matches dot files too
+			t.Errorf("failed pull left %v beside the image", left)
+		}
+		if left, _ := filepath.Glob(filepath.Join(store, "*")); len(left) != 0 {
+			t.Errorf("failed pull left %v in the store", left)
+		}
+	}
+	t.Run("store refuses", func(t *testing.T) {
+		pull(t, "/nonexistent/runsc", "runsc bases import")
+	})
+	t.Run("tampered block", func(t *testing.T) {
+		path := reg.BlobPath(m.Blocks[0])
+		orig, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad := bytes.Clone(orig)
+		bad[12345] ^= 1
+		if err := os.WriteFile(path, bad, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		defer os.WriteFile(path, orig, 0o644)
+		pull(t, "/nonexistent/runsc", "base block 0 ("+m.Blocks[0]+")")
+	})
+}

@@ -38,7 +38,8 @@ type Registry struct {
 }
 
 // Start starts the registry bin with its files under dir. If user is not
-// empty, it requires basic authentication as user:password.
+// empty, it requires basic authentication as user:password. Deleting is
+// disabled, as on most registries by default.
 func Start(bin, dir, user, password string) (*Registry, error) {
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("registry binary: %w (run tools/registry.sh)", err)
@@ -70,7 +71,7 @@ storage:
   filesystem:
     rootdirectory: %s
   delete:
-    enabled: true
+    enabled: false
 http:
   addr: %s
 %s`, r.Storage, r.Addr, auth)
@@ -89,8 +90,9 @@ http:
 		return nil, err
 	}
 	deadline := time.Now().Add(15 * time.Second)
+	client := &http.Client{Timeout: 2 * time.Second}
 	for {
-		resp, err := http.Get("http://" + r.Addr + "/v2/")
+		resp, err := client.Get("http://" + r.Addr + "/v2/")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusUnauthorized {

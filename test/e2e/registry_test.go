@@ -45,7 +45,7 @@ func ociTool(t *testing.T, dockerConfig string, args ...string) (string, error) 
 	return string(out), err
 }
 
-// countAfter returns the number printed right before word in out.
+// countBefore returns the number printed right before word in out.
 func countBefore(t *testing.T, out, word string) int {
 	t.Helper()
 	m := regexp.MustCompile(`(\d+) ` + regexp.QuoteMeta(word)).FindStringSubmatch(out)
@@ -102,23 +102,56 @@ func TestRegistryPushPull(t *testing.T) {
 	if got := countBefore(t, out, "fetched and verified"); got != blocks-zero {
 		t.Errorf("pull fetched %d blocks; want the %d non-zero ones", got, blocks-zero)
 	}
-	if _, err := os.Stat(filepath.Join(imageB, "base.img")); err == nil {
-		t.Errorf("pulled image holds base.img; the base belongs in the store")
+	m := regexp.MustCompile(`base (sha256:[0-9a-f]{64})`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("pull printed no base digest:\n%s", out)
 	}
-	digest := regexp.MustCompile(`base (sha256:[0-9a-f]{64})`).FindStringSubmatch(out)[1]
+	digest := m[1]
+	stored := filepath.Join(nodeB.StorePath(), "sha256", strings.TrimPrefix(digest, "sha256:"), "base.img")
+	if st1, err1 := os.Stat(filepath.Join(imageB, "base.img")); err1 != nil {
+		t.Errorf("pulled image has no base.img linked from the store: %v", err1)
+	} else if st2, err2 := os.Stat(stored); err2 != nil || !os.SameFile(st1, st2) {
+		t.Errorf("pulled image's base.img is not the stored base (%v)", err2)
+	}
 	if out, err := nodeB.Exec("bases", "verify", digest); err != nil {
 		t.Errorf("bases verify on node B: %v: %s", err, out)
+	}
+	// The pulled image holds on to its base.
+	if _, err := nodeB.Exec("bases", "remove", digest); err == nil || !strings.Contains(err.Error(), "still used") {
+		t.Errorf("bases remove of a pulled image's base: %v", err)
+	}
+	if out, err := nodeB.Exec("bases", "--min-age=0", "gc"); err != nil || strings.Contains(out, "removed sha256") {
+		t.Errorf("bases gc removed a pulled image's base: %q, %v", out, err)
 	}
 	b := &parked{r: nodeB, dir: dirB, bundle: p.bundle, image: imageB, lastTick: p.lastTick}
 	for _, id := range []string{"b1", "b2"} {
 		b.restoreClone(t, id, imageB, p.lastTick)
 	}
-	for _, id := range []string{"b1", "b2"} {
-		nodeB.Destroy(id)
-	}
-	// A second pull on node B fetches the checkpoint files only.
-	if out, err := pull(nodeB.StorePath(), filepath.Join(dirB, "image2")); err != nil || !strings.Contains(out, "already stored, nothing fetched") {
+	nodeB.Destroy("b2")
+
+	// A second pull on node B fetches the checkpoint files only, and
+	// restores.
+	image2 := filepath.Join(dirB, "image2")
+	if out, err := pull(nodeB.StorePath(), image2); err != nil || !strings.Contains(out, "already stored, nothing fetched") {
 		t.Errorf("second pull on node B: %v:\n%s", err, out)
+	}
+	b.restoreClone(t, "b3", image2, p.lastTick)
+	nodeB.Destroy("b3")
+
+	// A clone parked again on node B (its image references the base in B's
+	// store) is pushed from there: a second checkpoint of the same base,
+	// on a registry that does not allow deletes.
+	repark := filepath.Join(dirB, "repark")
+	if err := nodeB.Checkpoint("b1", repark, "--shared-base"); err != nil {
+		t.Fatal(err)
+	}
+	nodeB.Destroy("b1")
+	ref3 := reg.Addr + "/forkvisor/tick:v3"
+	if out, err := ociTool(t, dockerConfig, "--base-store", nodeB.StorePath(), "push", repark, ref3); err != nil || countBefore(t, out, "uploaded;") != 0 {
+		t.Errorf("push of a re-parked clone: %v:\n%s", err, out)
+	}
+	if out, err := ociTool(t, dockerConfig, "--base-store", nodeB.StorePath(), "--runsc", p.r.Bin, "pull", ref3, filepath.Join(dirB, "image3")); err != nil || !strings.Contains(out, "already stored") {
+		t.Errorf("pull of the re-parked clone: %v:\n%s", err, out)
 	}
 
 	// A tampered block in the registry: refused, nothing stored or written.
@@ -127,26 +160,26 @@ func TestRegistryPushPull(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := base.Stat()
-	m, err := blockmanifest.Build(base, uint64(st.Size()), nil)
+	bm, err := blockmanifest.Build(base, uint64(st.Size()), nil)
 	base.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
 	victim := -1
-	for i := range m.Blocks {
-		if !m.Zero(i) {
+	for i := range bm.Blocks {
+		if !bm.Zero(i) {
 			victim = i
 			break
 		}
 	}
-	flipByteAt(t, reg.BlobPath(m.Blocks[victim]), 12345)
+	flipByteAt(t, reg.BlobPath(bm.Blocks[victim]), 12345)
 	storeC, imageC := filepath.Join(t.TempDir(), "store"), filepath.Join(t.TempDir(), "image")
 	out, err = pull(storeC, imageC)
-	if err == nil || !strings.Contains(out, "base block") || !strings.Contains(out, m.Blocks[victim]) || !strings.Contains(out, ref) {
+	if err == nil || !strings.Contains(out, "base block") || !strings.Contains(out, bm.Blocks[victim]) || !strings.Contains(out, ref) {
 		t.Errorf("pull of a tampered block: %v; want an error naming the block and the reference:\n%s", err, out)
 	}
 	assertNoPull(t, storeC, imageC, digest)
-	flipByteAt(t, reg.BlobPath(m.Blocks[victim]), 12345)
+	flipByteAt(t, reg.BlobPath(bm.Blocks[victim]), 12345)
 
 	// The registry went away: a clear error, nothing written.
 	reg.Stop()
