@@ -91,11 +91,12 @@ func fleetRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB i
 	res := FleetResult{Runtime: rt.name, HeapMiB: heapMiB}
 	nodeA := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(dir, "a", "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("registry-a", rt)}
 	nodeB := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(dir, "b", "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("registry-b", rt)}
+	// Deferred calls run last first: sandboxes go before their files.
+	defer os.RemoveAll(dir)
 	for _, r := range []*sandbox.Runsc{nodeA, nodeB} {
 		addCleanup(r.Cleanup)
 		defer r.Cleanup()
 	}
-	defer os.RemoveAll(dir)
 	bundle := filepath.Join(dir, "bundle")
 	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4"))
 	srcOut := filepath.Join(dir, "source.out")
