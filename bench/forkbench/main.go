@@ -229,6 +229,24 @@ func main() {
 	}
 }
 
+// runUntilTick runs container id from bundle on r, its output going to out,
+// and waits until it prints tick n.
+func runUntilTick(r *sandbox.Runsc, bundle, id, out string, n int) error {
+	if err := r.Run(bundle, id, out); err != nil {
+		return err
+	}
+	return waitTick(out, n)
+}
+
+// waitTick waits until out holds a tick line numbered n or more.
+func waitTick(out string, n int) error {
+	_, _, err := sandbox.WaitForLine(out, 0, 120*time.Second, func(l string) bool {
+		tk, err := sandbox.ParseTick(l)
+		return err == nil && tk.N >= n
+	})
+	return err
+}
+
 // mergeRuns folds the repeats of one scenario and runtime into one Result:
 // every restore sample is kept, and checkpoint time and memory are medians.
 func mergeRuns(runs []Result) Result {
@@ -271,13 +289,7 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 		must(sandbox.NewBundle(bundle, abs(*tickBin), args...))
 		fullPass = sc.heapMiB/sc.checkMiB + 2
 	}
-	srcOut := filepath.Join(base, "source.out")
-	must(r.Run(bundle, "source", srcOut))
-	_, _, err := sandbox.WaitForLine(srcOut, 0, 120*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		return err == nil && tk.N >= 2
-	})
-	must(err)
+	must(runUntilTick(r, bundle, "source", filepath.Join(base, "source.out"), 2))
 
 	res := Result{Scenario: sc.name, Runtime: rt.name, HeapMiB: sc.heapMiB, Clones: sc.n}
 	image := filepath.Join(base, "image")

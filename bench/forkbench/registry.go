@@ -99,13 +99,7 @@ func fleetRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB i
 	}
 	bundle := filepath.Join(dir, "bundle")
 	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4"))
-	srcOut := filepath.Join(dir, "source.out")
-	must(nodeA.Run(bundle, "source", srcOut))
-	_, _, err := sandbox.WaitForLine(srcOut, 0, 120*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		return err == nil && tk.N >= 2
-	})
-	must(err)
+	must(runUntilTick(nodeA, bundle, "source", filepath.Join(dir, "source.out"), 2))
 	var flags []string
 	if rt.fork {
 		flags = []string{"--shared-base"}
@@ -120,14 +114,8 @@ func fleetRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB i
 	out := ociTool(nodeA, "push", image, ref+":v1")
 	res.PushMs = ms(time.Since(start))
 	res.PushBytes = bytesIn(out, "uploaded")
-	imageB := filepath.Join(dir, "b", "image-v1")
-	start = time.Now()
-	out = ociTool(nodeB, "pull", ref+":v1", imageB)
-	res.ColdPullMs = ms(time.Since(start))
-	res.ColdPullBytes = bytesIn(out, "fetched")
-	res.ColdRestoreMs = restoreToTick(nodeB, bundle, "b1", imageB, filepath.Join(dir, "b1.out"))
+	res.ColdPullMs, res.ColdPullBytes, res.ColdRestoreMs = pullAndRestore(nodeB, bundle, ref+":v1", filepath.Join(dir, "b"), "b1")
 	res.ColdPullTotalMs = res.ColdPullMs + res.ColdRestoreMs
-	nodeB.Destroy("b1")
 
 	// A clone on A runs a while and is parked again (forkvisor: against the
 	// same base), pushed, and pulled on B, which holds the base now.
@@ -136,24 +124,28 @@ func fleetRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB i
 	first, _, err := sandbox.WaitForLine(cloneOut, 0, 10*time.Second, sandbox.IsTick)
 	must(err)
 	ft, _ := sandbox.ParseTick(first)
-	_, _, err = sandbox.WaitForLine(cloneOut, 0, 120*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		return err == nil && tk.N >= ft.N+5
-	})
-	must(err)
+	must(waitTick(cloneOut, ft.N+5))
 	image2 := filepath.Join(dir, "a", "image-v2")
 	must(nodeA.Checkpoint("a1", image2, flags...))
 	nodeA.Destroy("a1")
 	out = ociTool(nodeA, "push", image2, ref+":v2")
 	res.RepushBytes = bytesIn(out, "uploaded")
-	imageB2 := filepath.Join(dir, "b", "image-v2")
-	start = time.Now()
-	out = ociTool(nodeB, "pull", ref+":v2", imageB2)
-	res.WarmPullMs = ms(time.Since(start))
-	res.WarmPullBytes = bytesIn(out, "fetched")
-	res.WarmRestoreMs = restoreToTick(nodeB, bundle, "b2", imageB2, filepath.Join(dir, "b2.out"))
-	nodeB.Destroy("b2")
+	res.WarmPullMs, res.WarmPullBytes, res.WarmRestoreMs = pullAndRestore(nodeB, bundle, ref+":v2", filepath.Join(dir, "b"), "b2")
 	return res
+}
+
+// pullAndRestore pulls ref on node into dir/image-<id>, restores container
+// id from it and removes it; it returns the pull's milliseconds and fetched
+// bytes, and the restore's milliseconds to the first tick.
+func pullAndRestore(node *sandbox.Runsc, bundle, ref, dir, id string) (pullMs float64, fetched int64, restoreMs float64) {
+	image := filepath.Join(dir, "image-"+id)
+	start := time.Now()
+	out := ociTool(node, "pull", ref, image)
+	pullMs = ms(time.Since(start))
+	fetched = bytesIn(out, "fetched")
+	restoreMs = restoreToTick(node, bundle, id, image, filepath.Join(dir, id+".out"))
+	node.Destroy(id)
+	return pullMs, fetched, restoreMs
 }
 
 // restoreToTick restores id from image on r and returns the milliseconds to
