@@ -659,11 +659,22 @@ func pullBase(ctx context.Context, repo *remote.Repository, ref string, m *block
 	if err := checkSpace(store.Root, total); err != nil {
 		return fmt.Errorf("%s: base sha256:%s: %w", ref, d.SHA256, err)
 	}
+	// The store's convention for importers: a ".pull-" directory in its
+	// root, held under flock while it is filled, so that `runsc bases gc`
+	// removes it only once its puller is gone.
 	dir, err := os.MkdirTemp(store.Root, ".pull-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	lock, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(lock)
+	if err := unix.Flock(lock, unix.LOCK_EX); err != nil {
+		return err
+	}
 	path := filepath.Join(dir, baseImageName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {

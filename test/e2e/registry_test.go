@@ -63,7 +63,22 @@ func countBefore(t *testing.T, out, word string) int {
 // nothing stored, and that a registry that went away gives a clear error.
 func TestRegistryPushPull(t *testing.T) {
 	reg, dockerConfig := startRegistry(t)
-	p := parkSource(t, 32)
+	// Node A keeps its store on another filesystem than its images (a
+	// tmpfs): the image then references the base by digest only, and push
+	// reads it from the store.
+	src := startSource(t, "runsc", 32)
+	src.r.BaseStore = filepath.Join(t.TempDir(), "store")
+	if err := os.MkdirAll(src.r.BaseStore, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", src.r.BaseStore).CombinedOutput(); err != nil {
+		t.Fatalf("mounting a tmpfs for node A's store: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", src.r.BaseStore).Run() })
+	p := src.park(t, filepath.Join(src.dir, "image"), "--shared-base")
+	if _, err := os.Stat(filepath.Join(p.image, "base.img")); err == nil {
+		t.Fatalf("node A's image holds base.img although its store is on another filesystem")
+	}
 	ref := reg.Addr + "/forkvisor/tick:v1"
 
 	// Credentials come from the Docker configuration file only.
@@ -155,7 +170,7 @@ func TestRegistryPushPull(t *testing.T) {
 	}
 
 	// A tampered block in the registry: refused, nothing stored or written.
-	base, err := os.Open(filepath.Join(p.image, "base.img"))
+	base, err := os.Open(filepath.Join(src.r.StorePath(), "sha256", strings.TrimPrefix(digest, "sha256:"), "base.img"))
 	if err != nil {
 		t.Fatal(err)
 	}
