@@ -106,11 +106,27 @@ func find(rs []result, scenario, runtime string) (result, bool) {
 
 const groupWidth = 1.0
 
-func restorePlot(rs []result, scenarios, runtimes []string, out string) error {
+// newPlot returns a plot with a title, a y label starting at 0, a legend
+// entry per runtime in its color, and the width of one box or bar.
+func newPlot(title, yLabel string, runtimes []string) (*plot.Plot, vg.Length) {
 	p := plot.New()
-	p.Title.Text = "restore → first output (every clone after the first; ms)"
-	p.Y.Label.Text = "ms"
-	w := vg.Points(14)
+	p.Title.Text = title
+	p.Y.Label.Text = yLabel
+	p.Y.Min = 0
+	p.Legend.Top = true
+	for j, rt := range runtimes {
+		p.Legend.Add(rt, swatch{plotutil.Color(j)})
+	}
+	return p, vg.Points(14)
+}
+
+// save writes p, sized for n scenarios, to out.
+func save(p *plot.Plot, n int, out string) error {
+	return p.Save(vg.Length(120*n+200), 4*vg.Inch, out)
+}
+
+func restorePlot(rs []result, scenarios, runtimes []string, out string) error {
+	p, w := newPlot("restore → first output (every clone after the first; ms)", "ms", runtimes)
 	for j, rt := range runtimes {
 		for i, sc := range scenarios {
 			r, ok := find(rs, sc, rt)
@@ -123,22 +139,14 @@ func restorePlot(rs []result, scenarios, runtimes []string, out string) error {
 			}
 			box.FillColor = plotutil.Color(j)
 			p.Add(box)
-			if i == 0 {
-				p.Legend.Add(rt, swatch{plotutil.Color(j)})
-			}
 		}
 	}
 	p.NominalX(nominal(scenarios, runtimes)...)
-	p.Y.Min = 0
-	p.Legend.Top = true
-	return p.Save(vg.Length(120*len(scenarios)+200), 4*vg.Inch, out)
+	return save(p, len(scenarios), out)
 }
 
 func pssPlot(rs []result, scenarios, runtimes []string, out string) error {
-	p := plot.New()
-	p.Title.Text = "total Pss of all clones (MiB)"
-	p.Y.Label.Text = "MiB"
-	w := vg.Points(14)
+	p, w := newPlot("total Pss of all clones (MiB)", "MiB", runtimes)
 	for j, rt := range runtimes {
 		vals := make(plotter.Values, len(scenarios))
 		for i, sc := range scenarios {
@@ -153,11 +161,9 @@ func pssPlot(rs []result, scenarios, runtimes []string, out string) error {
 		bars.Color = plotutil.Color(j)
 		bars.Offset = w * vg.Length(j-len(runtimes)/2)
 		p.Add(bars)
-		p.Legend.Add(rt, bars)
 	}
 	p.NominalX(scenarios...)
-	p.Legend.Top = true
-	return p.Save(vg.Length(120*len(scenarios)+200), 4*vg.Inch, out)
+	return save(p, len(scenarios), out)
 }
 
 // nominal labels the box plot positions: the scenario under the middle

@@ -136,10 +136,11 @@ func (m *Manifest) Encode() []byte {
 
 // Build reads the first length bytes of f, cutting them into blocks, and
 // returns their manifest; visit, if not nil, is called with each non-zero
-// block's index and bytes (valid during the call only) as it is read. Holes
+// block's index, bytes (valid during the call only) and SHA-256 as it is
+// read. Holes
 // (found with SEEK_DATA) are not read, so a sparse base costs its data, not
 // its length.
-func Build(f *os.File, length uint64, visit func(i int, block []byte) error) (*Manifest, error) {
+func Build(f *os.File, length uint64, visit func(i int, block []byte, sum [sha256.Size]byte) error) (*Manifest, error) {
 	if length == 0 {
 		return nil, fmt.Errorf("%s: empty base", f.Name())
 	}
@@ -183,7 +184,7 @@ func Build(f *os.File, length uint64, visit func(i int, block []byte) error) (*M
 		sum := sha256.Sum256(block)
 		m.Blocks = append(m.Blocks, "sha256:"+hex.EncodeToString(sum[:]))
 		if visit != nil {
-			if err := visit(i, block); err != nil {
+			if err := visit(i, block, sum); err != nil {
 				return nil, err
 			}
 		}

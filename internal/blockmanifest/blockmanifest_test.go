@@ -36,9 +36,11 @@ func TestBuildMarksZeroBlocksAndCommitsToThem(t *testing.T) {
 	f, length := writeBase(t)
 	var visited []int
 	sums := map[int]string{}
-	m, err := Build(f, length, func(i int, b []byte) error {
+	m, err := Build(f, length, func(i int, b []byte, sum [sha256.Size]byte) error {
 		visited = append(visited, i)
-		sum := sha256.Sum256(b)
+		if got := sha256.Sum256(b); got != sum {
+			t.Errorf("block %d: visit got sum %x for bytes that hash to %x", i, sum, got)
+		}
 		sums[i] = "sha256:" + hex.EncodeToString(sum[:])
 		return nil
 	})

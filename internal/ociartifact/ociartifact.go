@@ -270,9 +270,8 @@ func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot,
 	defer bar.Finish()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(fetchWorkers)
-	m, err := blockmanifest.Build(base, d.Length, func(i int, block []byte) error {
+	m, err := blockmanifest.Build(base, d.Length, func(i int, block []byte, sum [sha256.Size]byte) error {
 		bar.Add(len(block))
-		sum := sha256.Sum256(block)
 		desc := ocispec.Descriptor{MediaType: BlockMediaType, Digest: digest.NewDigestFromBytes(digest.SHA256, sum[:]), Size: int64(len(block))}
 		if seen[desc.Digest.String()] {
 			return nil

@@ -25,16 +25,7 @@ func registry(t *testing.T) *ociregistry.Registry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := ociregistry.Binary(root)
-	if _, err := os.Stat(bin); err != nil {
-		prereq.Missing(t, "no OCI registry (run tools/setup.sh): %v", err)
-	}
-	reg, err := ociregistry.Start(bin, t.TempDir(), "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(reg.Stop)
-	return reg
+	return ociregistry.StartForTest(t, root, "", "")
 }
 
 var opts = Options{PlainHTTP: true}

@@ -14,14 +14,34 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/forkvisor/forkvisor/internal/prereq"
 )
 
 // Binary returns where tools/registry.sh puts the registry under repoRoot.
 func Binary(repoRoot string) string {
 	return filepath.Join(repoRoot, "build", "registry", "usr", "bin", "docker-registry")
+}
+
+// StartForTest starts the registry that tools/registry.sh unpacked under
+// repoRoot for t (see Start), stopped when t ends; a missing registry is a
+// missing prerequisite (prereq.Missing).
+func StartForTest(t testing.TB, repoRoot, user, password string) *Registry {
+	t.Helper()
+	bin := Binary(repoRoot)
+	if _, err := os.Stat(bin); err != nil {
+		prereq.Missing(t, "no OCI registry (run tools/setup.sh): %v", err)
+	}
+	reg, err := Start(bin, t.TempDir(), user, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Stop)
+	return reg
 }
 
 // Registry is a running registry.

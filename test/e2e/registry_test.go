@@ -11,7 +11,6 @@ import (
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/ociregistry"
-	"github.com/forkvisor/forkvisor/internal/prereq"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
@@ -20,15 +19,7 @@ import (
 // its credentials.
 func startRegistry(t *testing.T) (*ociregistry.Registry, string) {
 	t.Helper()
-	bin := ociregistry.Binary(repoRoot)
-	if _, err := os.Stat(bin); err != nil {
-		prereq.Missing(t, "no OCI registry (run tools/setup.sh): %v", err)
-	}
-	reg, err := ociregistry.Start(bin, t.TempDir(), "fleet", "parked-sandboxes")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(reg.Stop)
+	reg := ociregistry.StartForTest(t, repoRoot, "fleet", "parked-sandboxes")
 	dockerConfig := filepath.Join(t.TempDir(), "docker")
 	if err := reg.WriteDockerConfig(dockerConfig); err != nil {
 		t.Fatal(err)
