@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh installs what the tests and benchmarks need beyond Go, on a fresh
 # machine of this kind (Debian, root): xfsprogs for loopback XFS with reflink,
+# iproute2 for the network namespaces of the network clone test,
 # containerd 1.7 under build/containerd (tools/containerd.sh) and Debian's
 # CNI plugins under build/cni (tools/cni.sh).
 set -euo pipefail
@@ -14,6 +15,11 @@ if ! command -v mkfs.xfs >/dev/null 2>&1; then
 	apt-get install -y -q xfsprogs >/dev/null
 fi
 echo "setup.sh: mkfs.xfs at $(command -v mkfs.xfs)"
+if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -q >/dev/null
+	apt-get install -y -q iproute2 >/dev/null
+fi
 # containerd 1.7 for the shim tests (under build/, not installed).
 if [ "$(id -u)" = 0 ]; then
 	"$(dirname "$0")/containerd.sh" || echo "setup.sh: could not fetch containerd 1.7; the containerd tests will skip" >&2

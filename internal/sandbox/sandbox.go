@@ -32,6 +32,9 @@ type Runsc struct {
 	BaseStore string
 	// Upstream marks an upstream runsc, which has no --base-store.
 	Upstream bool
+	// Network is the --network mode; default "none". With "sandbox" the
+	// bundle names the network namespace to use (SetNetNS).
+	Network string
 }
 
 // StorePath returns the node base store r uses.
@@ -43,7 +46,11 @@ func (r *Runsc) StorePath() string {
 }
 
 func (r *Runsc) command(args ...string) *exec.Cmd {
-	global := []string{"--root", r.Root, "--network=none", "--platform=systrap"}
+	network := r.Network
+	if network == "" {
+		network = "none"
+	}
+	global := []string{"--root", r.Root, "--network=" + network, "--platform=systrap"}
 	if !r.Upstream {
 		global = append(global, "--base-store="+r.StorePath())
 	}
@@ -347,6 +354,41 @@ func (r *Runsc) GoferPID(id string) int {
 
 // Annotate adds annotations to the OCI spec of the bundle in dir.
 func Annotate(dir string, annotations map[string]string) error {
+	return editSpec(dir, func(spec map[string]any) {
+		a, _ := spec["annotations"].(map[string]any)
+		if a == nil {
+			a = map[string]any{}
+		}
+		for k, v := range annotations {
+			a[k] = v
+		}
+		spec["annotations"] = a
+	})
+}
+
+// SetNetNS makes the bundle in dir join the network namespace at path
+// (replacing any network namespace it names).
+func SetNetNS(dir, path string) error {
+	return editSpec(dir, func(spec map[string]any) {
+		linux, _ := spec["linux"].(map[string]any)
+		if linux == nil {
+			linux = map[string]any{}
+		}
+		nss, _ := linux["namespaces"].([]any)
+		kept := []any{map[string]any{"type": "network", "path": path}}
+		for _, ns := range nss {
+			if m, ok := ns.(map[string]any); ok && m["type"] == "network" {
+				continue
+			}
+			kept = append(kept, ns)
+		}
+		linux["namespaces"] = kept
+		spec["linux"] = linux
+	})
+}
+
+// editSpec rewrites the OCI spec of the bundle in dir through edit.
+func editSpec(dir string, edit func(spec map[string]any)) error {
 	path := filepath.Join(dir, "config.json")
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -356,14 +398,7 @@ func Annotate(dir string, annotations map[string]string) error {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	a, _ := spec["annotations"].(map[string]any)
-	if a == nil {
-		a = map[string]any{}
-	}
-	for k, v := range annotations {
-		a[k] = v
-	}
-	spec["annotations"] = a
+	edit(spec)
 	if b, err = json.MarshalIndent(spec, "", "  "); err != nil {
 		return err
 	}

@@ -24,6 +24,8 @@ var (
 	probeBin string
 	// pauseBin is the static pod sandbox workload of the CRI tests.
 	pauseBin string
+	// kvserverBin is the static network workload of TestNetworkClones.
+	kvserverBin string
 )
 
 func TestMain(m *testing.M) {
@@ -41,7 +43,8 @@ func TestMain(m *testing.M) {
 	tickBin = filepath.Join(dir, "tick")
 	probeBin = filepath.Join(dir, "cloneprobe")
 	pauseBin = filepath.Join(dir, "pause")
-	for bin, pkg := range map[string]string{tickBin: "./test/workloads/tick", probeBin: "./test/workloads/cloneprobe", pauseBin: "./test/workloads/pause"} {
+	kvserverBin = filepath.Join(dir, "kvserver")
+	for bin, pkg := range map[string]string{tickBin: "./test/workloads/tick", probeBin: "./test/workloads/cloneprobe", pauseBin: "./test/workloads/pause", kvserverBin: "./test/workloads/kvserver"} {
 		cmd := exec.Command("go", "build", "-o", bin, pkg)
 		cmd.Dir = repoRoot
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
