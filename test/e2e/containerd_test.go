@@ -252,3 +252,21 @@ func TestContainerdAnnotationAllowlist(t *testing.T) {
 		}
 	}
 }
+
+// TestContainerdLogURI runs a container with ctr --log-uri file://PATH: the
+// shim writes the container's output to PATH, creating its directory.
+func TestContainerdLogURI(t *testing.T) {
+	c := startContainerd(t)
+	path := filepath.Join(t.TempDir(), "logs", "out.log")
+	out, err := c.Ctr(append(append([]string{"run", "--rm", "--log-uri", "file://" + path}, c.RunArgs()...), tickImage, "logged", "/workload", "-exit", "3")...)
+	if got := ctrd.ExitCode(err); got != 3 {
+		t.Fatalf("ctr run --log-uri: exit %d (%v), output %q; want 3", got, err, out)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the log file: %v", err)
+	}
+	if !strings.Contains(string(b), "exiting 3") {
+		t.Errorf("the log file holds %q, want the container's output with %q", b, "exiting 3")
+	}
+}
