@@ -25,6 +25,10 @@
 //	           restore; park a clone of it again on A, push, pull on B
 //	           (which holds the base by then) and restore. Upstream's plain
 //	           checkpoint travels as one artifact of its files.
+//	prestarted restore a parked 256 MiB tick workload by a plain restore and
+//	           into a sandbox created beforehand (internal/warmpool: runsc
+//	           create, then runsc restore of the created container), 8 of
+//	           each per run, alternating
 //
 // Memory is Pss summed over every process of every clone sandbox (sentry,
 // systrap stubs, gofer; each address space once), measured after every clone
@@ -59,7 +63,7 @@ var (
 	forkBin     = flag.String("fork", "bin/runsc", "forkvisor runsc")
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
 	ociBin      = flag.String("oci", "bin/forkvisor-oci", "registry companion (registry scenario)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted", "scenarios to run")
 	repeat      = flag.Int("repeat", 1, "runs per clone scenario and runtime, alternating runtimes (medians are reported)")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
@@ -211,8 +215,13 @@ func main() {
 	if want["registry"] {
 		fleetResults = fleet(dir, []runtimeConfig{runtimes[0], runtimes[2]}, 256)
 	}
+	var prestartResults []PrestartResult
+	if want["prestarted"] {
+		prestartResults = prestarted(dir, runtimes, 256)
+	}
 	printTable(results)
 	printFleet(fleetResults)
+	printPrestarted(prestartResults)
 	if *jsonOut != "" {
 		if err := os.MkdirAll(filepath.Dir(*jsonOut), 0o755); err == nil {
 			b, _ := json.MarshalIndent(map[string]any{
@@ -220,6 +229,7 @@ func main() {
 				"conditions": conditions(),
 				"results":    results,
 				"registry":   fleetResults,
+				"prestarted": prestartResults,
 			}, "", "  ")
 			if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 				fatalf("%v", err)

@@ -106,6 +106,13 @@ func (r *Runsc) Run(bundle, id, outPath string) error {
 	return r.startDetached(outPath, "run", "--bundle", bundle, "--detach", id)
 }
 
+// Create creates container id from bundle without starting it: its sandbox
+// and gofer processes wait for a start or a restore (runsc restore of the
+// same id). The container's output goes to outPath.
+func (r *Runsc) Create(bundle, id, outPath string) error {
+	return r.startDetached(outPath, "create", "--bundle", bundle, id)
+}
+
 // Restore restores container id from imageDir into bundle, detached; its
 // output goes to outPath. extra flags go before the container ID.
 func (r *Runsc) Restore(bundle, id, imageDir, outPath string, extra ...string) error {
@@ -336,20 +343,53 @@ func WaitForLineEvery(path string, from int, timeout, interval time.Duration, ma
 // GoferPID returns the gofer PID of container id from runsc's state file, or
 // 0 if it has none.
 func (r *Runsc) GoferPID(id string) int {
+	st, _ := r.stateFile(id)
+	return st.GoferPid
+}
+
+// StateFile is what the harness reads of a container's runsc state file.
+type StateFile struct {
+	Status   string `json:"status"`
+	GoferPid int    `json:"goferPid"`
+	Sandbox  struct {
+		Pid int `json:"pid"`
+	} `json:"sandbox"`
+}
+
+// stateFile reads container id's state file under r.Root without running
+// runsc (so without its lock: a snapshot good for liveness checks).
+func (r *Runsc) stateFile(id string) (StateFile, error) {
+	var st StateFile
 	matches, _ := filepath.Glob(filepath.Join(r.Root, "*_sandbox:"+id+".state"))
-	for _, m := range matches {
-		b, err := os.ReadFile(m)
-		if err != nil {
-			continue
-		}
-		var st struct {
-			GoferPid int `json:"goferPid"`
-		}
-		if json.Unmarshal(b, &st) == nil {
-			return st.GoferPid
-		}
+	if len(matches) == 0 {
+		return st, fmt.Errorf("no state file for container %s under %s", id, r.Root)
 	}
-	return 0
+	b, err := os.ReadFile(matches[0])
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("%s: %w", matches[0], err)
+	}
+	return st, nil
+}
+
+// Waiting reports whether container id is created and its sandbox process
+// is alive: a restore or start of it can proceed.
+func (r *Runsc) Waiting(id string) bool {
+	st, err := r.stateFile(id)
+	return err == nil && st.Status == "created" && st.Sandbox.Pid > 0 && alive(st.Sandbox.Pid)
+}
+
+// alive reports whether process pid exists and is not a zombie.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesized command name.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 // Annotate adds annotations to the OCI spec of the bundle in dir.

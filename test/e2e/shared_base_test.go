@@ -40,6 +40,14 @@ func (p *parked) restoreClone(t *testing.T, id, image string, lastTick int, extr
 	if err := p.r.Restore(p.bundle, id, image, out, extra...); err != nil {
 		t.Fatal(err)
 	}
+	checkFirstTick(t, id, out, lastTick)
+	return out
+}
+
+// checkFirstTick waits for the first tick line of clone id in out and checks
+// that it continues from lastTick with the heap intact.
+func checkFirstTick(t *testing.T, id, out string, lastTick int) {
+	t.Helper()
 	line, _, err := sandbox.WaitForLine(out, 0, 30*time.Second, sandbox.IsTick)
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +55,6 @@ func (p *parked) restoreClone(t *testing.T, id, image string, lastTick int, extr
 	if tk, _ := sandbox.ParseTick(line); tk.N != lastTick+1 || !tk.OK {
 		t.Fatalf("clone %s: first line %q; want tick=%d with sum=ok", id, line, lastTick+1)
 	}
-	return out
 }
 
 // send runs `/workload -send cmd` in container id.

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+	"github.com/forkvisor/forkvisor/internal/warmpool"
+)
+
+// PrestartResult is one runtime's restore latency for the prestarted
+// scenario: restore → first output of a clone of a parked 256 MiB workload,
+// by a plain `runsc restore` (which creates the sandbox) and into a sandbox
+// created beforehand (internal/warmpool).
+type PrestartResult struct {
+	Runtime string `json:"runtime"`
+	HeapMiB int    `json:"heap_mib"`
+
+	PlainMs      []float64 `json:"plain_ms"`
+	PrestartedMs []float64 `json:"prestarted_ms"`
+	// CreateMs is what a waiting sandbox cost to create, off the restore
+	// path (the pool creates it in the background).
+	CreateMs []float64 `json:"create_ms"`
+
+	PlainP50      float64 `json:"plain_p50_ms"`
+	PlainP95      float64 `json:"plain_p95_ms"`
+	PrestartedP50 float64 `json:"prestarted_p50_ms"`
+	PrestartedP95 float64 `json:"prestarted_p95_ms"`
+	CreateP50     float64 `json:"create_p50_ms"`
+}
+
+// prestarted runs the prestarted scenario for each runtime: -repeat runs of
+// 8 restores each way, alternating plain and prestarted; each clone is
+// destroyed once it has printed.
+func prestarted(dir string, runtimes []runtimeConfig, heapMiB int) []PrestartResult {
+	const perRun = 8
+	byRT := map[string]*PrestartResult{}
+	for _, rt := range runtimes {
+		byRT[rt.name] = &PrestartResult{Runtime: rt.name, HeapMiB: heapMiB}
+	}
+	for i := 0; i < *repeat; i++ {
+		for _, rt := range runtimes {
+			fmt.Fprintf(os.Stderr, "forkbench: prestarted, %s, run %d/%d\n", rt.name, i+1, *repeat)
+			prestartRun(filepath.Join(dir, fmt.Sprintf("prestarted-%s-%d", rt.name, i)), rt, heapMiB, perRun, byRT[rt.name])
+		}
+	}
+	var out []PrestartResult
+	for _, rt := range runtimes {
+		r := byRT[rt.name]
+		r.PlainP50, r.PlainP95 = median(r.PlainMs), percentile(r.PlainMs, 95)
+		r.PrestartedP50, r.PrestartedP95 = median(r.PrestartedMs), percentile(r.PrestartedMs, 95)
+		r.CreateP50 = median(r.CreateMs)
+		out = append(out, *r)
+	}
+	return out
+}
+
+func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartResult) {
+	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("prestarted", rt)}
+	addCleanup(r.Cleanup)
+	defer r.Cleanup()
+	defer os.RemoveAll(base)
+	bundle := filepath.Join(base, "bundle")
+	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4"))
+	must(runUntilTick(r, bundle, "source", filepath.Join(base, "source.out"), 2))
+	image := filepath.Join(base, "image")
+	var flags []string
+	if rt.fork {
+		flags = append(flags, "--shared-base")
+	}
+	must(r.Checkpoint("source", image, flags...))
+	r.Destroy("source")
+
+	firstTick := func(out string, start time.Time) float64 {
+		_, _, err := sandbox.WaitForLineEvery(out, 0, 60*time.Second, time.Millisecond, sandbox.IsTick)
+		must(err)
+		return ms(time.Since(start))
+	}
+	// A first restore, not counted: forkvisor learns the base's write set.
+	out := filepath.Join(base, "warmup.out")
+	must(r.Restore(bundle, "warmup", image, out, rt.restoreArgs...))
+	firstTick(out, time.Now())
+	if rt.fork {
+		if err := sandbox.WaitWriteSet(filepath.Join(image, "base.writeset"), 15*time.Second); err != nil {
+			fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
+		}
+	}
+	r.Destroy("warmup")
+
+	pool, err := warmpool.New(r, bundle, base, "warm", 1)
+	must(err)
+	defer pool.Close()
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("plain%d", i)
+		out := filepath.Join(base, id+".out")
+		start := time.Now()
+		must(r.Restore(bundle, id, image, out, rt.restoreArgs...))
+		res.PlainMs = append(res.PlainMs, firstTick(out, start))
+		r.Destroy(id)
+
+		// What a waiting sandbox costs to create, off the restore path.
+		cid := fmt.Sprintf("create%d", i)
+		start = time.Now()
+		must(r.Create(bundle, cid, filepath.Join(base, cid+".out")))
+		res.CreateMs = append(res.CreateMs, ms(time.Since(start)))
+		r.Destroy(cid)
+
+		// The pool has refilled in the background since the last request.
+		must(pool.Fill(time.Minute))
+		start = time.Now()
+		s, err := pool.Restore(image, rt.restoreArgs...)
+		must(err)
+		res.PrestartedMs = append(res.PrestartedMs, firstTick(s.Out, start))
+		r.Destroy(s.ID)
+	}
+}
+
+// percentile returns the p-th percentile of v (nearest rank).
+func percentile(v []float64, p float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func printPrestarted(results []PrestartResult) {
+	if len(results) == 0 {
+		return
+	}
+	fmt.Printf("\nprestarted: restore -> first output, %d samples each way per runtime; create_ms is the pool's work per sandbox, off the restore path\n", len(results[0].PlainMs))
+	fmt.Printf("%-12s %5s %10s %10s %15s %15s %10s\n", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms")
+	for _, r := range results {
+		fmt.Printf("%-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f\n", r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50)
+	}
+}

@@ -1,0 +1,241 @@
+// Package warmpool keeps runsc sandboxes started and waiting for an image,
+// so that a restore skips everything that does not depend on the image.
+//
+// A waiting sandbox is a container created with `runsc create` and never
+// started: its sandbox and gofer processes, namespaces, platform and control
+// server exist, and the sentry waits for a start or a restore (which
+// installs the seccomp filter, since the filter depends on the image). `runsc restore --image-path IMAGE ID` of such a
+// container sends only the image (runsc's own interface: restore into a
+// created container, as containerd does); the pool adds the keeping and the
+// refilling.
+//
+// What a waiting sandbox is bound to, fixed at create: the bundle (the OCI
+// spec: process, environment, root filesystem, mounts), the network
+// namespace and cgroup the spec names, runsc's flags (platform, network
+// mode, overlay, base store) and the container ID. What the image brings:
+// the kernel state and memory. runsc refuses an image saved from a
+// container whose spec differs (restore spec validation names the field),
+// and the sandbox it was given is then used up: the pool destroys and
+// replaces it.
+package warmpool
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// Sandbox is a sandbox handed out by Restore; it belongs to the caller.
+type Sandbox struct {
+	// ID is the container ID, chosen when it was created.
+	ID string
+	// Out receives the container's output.
+	Out string
+}
+
+// Pool keeps Size sandboxes of one bundle waiting.
+type Pool struct {
+	r      *sandbox.Runsc
+	bundle string
+	dir    string
+	prefix string
+	size   int
+
+	mu sync.Mutex
+	// cond is signalled when waiting grows, when a refill fails, and when
+	// the pool closes.
+	cond sync.Cond
+	// waiting are created sandboxes not handed out yet, oldest first.
+	waiting []Sandbox
+	// next numbers container IDs.
+	next int
+	// lastErr is the last create failure, cleared by a success.
+	lastErr error
+	closed  bool
+	// refill wakes the refiller; stop ends it, and done is closed when it
+	// has ended.
+	refill chan struct{}
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// New creates a pool of size sandboxes of bundle under r, named prefix-N,
+// with their output in dir, and returns once they all wait.
+func New(r *sandbox.Runsc, bundle, dir, prefix string, size int) (*Pool, error) {
+	if size < 1 {
+		return nil, fmt.Errorf("warmpool: size %d, want at least 1", size)
+	}
+	p := &Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, refill: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	p.cond.L = &p.mu
+	go p.refiller()
+	if err := p.Fill(time.Minute); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Fill waits until size sandboxes wait, or a create fails, or timeout.
+func (p *Pool) Fill(timeout time.Duration) error {
+	p.kick()
+	deadline := time.AfterFunc(timeout, func() {
+		p.mu.Lock()
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	})
+	defer deadline.Stop()
+	start := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.waiting) < p.size {
+		if p.closed {
+			return errors.New("warmpool: closed")
+		}
+		if p.lastErr != nil {
+			return p.lastErr
+		}
+		if time.Since(start) >= timeout {
+			return fmt.Errorf("warmpool: %d of %d sandboxes waiting after %v", len(p.waiting), p.size, timeout)
+		}
+		p.cond.Wait()
+	}
+	return nil
+}
+
+// Waiting returns the IDs of the sandboxes that wait now.
+func (p *Pool) Waiting() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := make([]string, len(p.waiting))
+	for i, s := range p.waiting {
+		ids[i] = s.ID
+	}
+	return ids
+}
+
+// Restore restores the checkpoint in image into a waiting sandbox and hands
+// it out; extra flags go to runsc restore. Waiting sandboxes that died are
+// destroyed and replaced; if none is left, one is created now. A failed
+// restore uses up its sandbox, which is destroyed.
+func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
+	s, err := p.take()
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if err := p.r.Restore(p.bundle, s.ID, image, s.Out, extra...); err != nil {
+		p.r.Destroy(s.ID)
+		return Sandbox{}, fmt.Errorf("warmpool: restoring %s into waiting sandbox %s: %w", image, s.ID, err)
+	}
+	return s, nil
+}
+
+// take removes a live waiting sandbox from the pool, or creates one if none
+// is left, and asks for a refill.
+func (p *Pool) take() (Sandbox, error) {
+	defer p.kick()
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return Sandbox{}, errors.New("warmpool: closed")
+		}
+		if len(p.waiting) == 0 {
+			p.mu.Unlock()
+			return p.create()
+		}
+		s := p.waiting[0]
+		p.waiting = p.waiting[1:]
+		p.mu.Unlock()
+		if p.r.Waiting(s.ID) {
+			return s, nil
+		}
+		// Killed or stopped while it waited: replace it.
+		p.r.Destroy(s.ID)
+	}
+}
+
+// create creates one sandbox.
+func (p *Pool) create() (Sandbox, error) {
+	p.mu.Lock()
+	s := Sandbox{ID: fmt.Sprintf("%s-%d", p.prefix, p.next)}
+	p.next++
+	p.mu.Unlock()
+	s.Out = filepath.Join(p.dir, s.ID+".out")
+	if err := p.r.Create(p.bundle, s.ID, s.Out); err != nil {
+		p.r.Destroy(s.ID)
+		return Sandbox{}, fmt.Errorf("warmpool: creating %s: %w", s.ID, err)
+	}
+	return s, nil
+}
+
+func (p *Pool) kick() {
+	select {
+	case p.refill <- struct{}{}:
+	default:
+	}
+}
+
+// refiller creates sandboxes, one at a time, whenever fewer than size wait.
+func (p *Pool) refiller() {
+	defer close(p.done)
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.refill:
+		}
+		for p.refillOne() {
+		}
+	}
+}
+
+// refillOne creates one sandbox if fewer than size wait, and reports
+// whether it did.
+func (p *Pool) refillOne() bool {
+	p.mu.Lock()
+	if p.closed || len(p.waiting) >= p.size {
+		p.mu.Unlock()
+		return false
+	}
+	p.mu.Unlock()
+	s, err := p.create()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.cond.Broadcast()
+	p.lastErr = err
+	if err != nil {
+		return false
+	}
+	if p.closed {
+		p.r.Destroy(s.ID)
+		return false
+	}
+	p.waiting = append(p.waiting, s)
+	return true
+}
+
+// Close stops refilling and destroys every waiting sandbox. Sandboxes handed
+// out are the caller's.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	close(p.stop)
+	<-p.done
+	p.mu.Lock()
+	waiting := p.waiting
+	p.waiting = nil
+	p.mu.Unlock()
+	for _, s := range waiting {
+		p.r.Destroy(s.ID)
+	}
+}
