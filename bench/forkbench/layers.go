@@ -76,11 +76,7 @@ func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 	// so that the image shows what the layer costs.
 	must(sandbox.NewBundleEnv(bundle, abs(*tickBin), []string{"PATH=/"}, "-mib", "1", "-check-mib", "1", "-interval", "50ms", "-file", "/layer.bin", "-file-mib", fmt.Sprint(layerMiB)))
 	out := filepath.Join(base, "source.out")
-	must(r.Run(bundle, "source", out))
-	_, _, err := sandbox.WaitForLine(out, 0, 300*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		return err == nil && tk.N >= 2 && tk.File == "ok"
-	})
+	_, err := r.RunUntilTick(bundle, "source", out, 2, func(t sandbox.Tick) bool { return t.File == "ok" })
 	must(err)
 
 	res := Result{Scenario: "layers", Runtime: rt.name, HeapMiB: 1, Clones: 1, LayerMiB: layerMiB}
@@ -119,22 +115,17 @@ func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 	}
 
 	cloneOut := filepath.Join(base, "clone.out")
-	start = time.Now()
-	must(r.Restore(bundle, "clone", image, cloneOut, restoreFlags...))
-	_, _, err = sandbox.WaitForLineEvery(cloneOut, 0, 300*time.Second, time.Millisecond, sandbox.IsTick)
+	ft, took, err := r.RestoreFirstTick(bundle, "clone", image, cloneOut, restoreFlags...)
 	must(err)
-	res.RestoreMs = []float64{ms(time.Since(start))}
+	res.RestoreMs = []float64{ms(took)}
 	res.RestoreP50Ms, res.RestoreMaxMs = res.RestoreMs[0], res.RestoreMs[0]
 	// The restored layer must be intact: wait for a full pass over it.
-	first, _, _ := sandbox.WaitForLine(cloneOut, 0, 10*time.Second, sandbox.IsTick)
-	ft, _ := sandbox.ParseTick(first)
-	line, _, err := sandbox.WaitForLine(cloneOut, 0, 600*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		return err == nil && (tk.N >= ft.N+layerMiB+2 || tk.File == "BAD")
+	tk, _, err := sandbox.WaitTick(cloneOut, 0, 600*time.Second, func(tk sandbox.Tick) bool {
+		return tk.N >= ft.N+layerMiB+2 || tk.File == "BAD"
 	})
 	must(err)
-	if tk, _ := sandbox.ParseTick(line); tk.File != "ok" {
-		fatalf("%s layer %d MiB: restored layer corrupt: %s", rt.name, layerMiB, line)
+	if tk.File != "ok" {
+		fatalf("%s layer %d MiB: restored layer corrupt at tick %d (file %s)", rt.name, layerMiB, tk.N, tk.File)
 	}
 	r.Destroy("clone")
 	return res

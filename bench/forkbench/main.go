@@ -239,24 +239,6 @@ func main() {
 	}
 }
 
-// runUntilTick runs container id from bundle on r, its output going to out,
-// and waits until it prints tick n.
-func runUntilTick(r *sandbox.Runsc, bundle, id, out string, n int) error {
-	if err := r.Run(bundle, id, out); err != nil {
-		return err
-	}
-	return waitTick(out, n)
-}
-
-// waitTick waits until out holds a tick line numbered n or more.
-func waitTick(out string, n int) error {
-	_, _, err := sandbox.WaitForLine(out, 0, 120*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		return err == nil && tk.N >= n
-	})
-	return err
-}
-
 // mergeRuns folds the repeats of one scenario and runtime into one Result:
 // every restore sample is kept, and checkpoint time and memory are medians.
 func mergeRuns(runs []Result) Result {
@@ -299,7 +281,8 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 		must(sandbox.NewBundle(bundle, abs(*tickBin), args...))
 		fullPass = sc.heapMiB/sc.checkMiB + 2
 	}
-	must(runUntilTick(r, bundle, "source", filepath.Join(base, "source.out"), 2))
+	_, err := r.RunUntilTick(bundle, "source", filepath.Join(base, "source.out"), 2, nil)
+	must(err)
 
 	res := Result{Scenario: sc.name, Runtime: rt.name, HeapMiB: sc.heapMiB, Clones: sc.n}
 	image := filepath.Join(base, "image")
@@ -318,23 +301,21 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 	for i := 0; i < sc.n; i++ {
 		id := fmt.Sprintf("clone%d", i)
 		out := filepath.Join(base, id+".out")
-		start := time.Now()
-		must(r.Restore(bundle, id, image, out, rt.restoreArgs...))
-		_, _, err := sandbox.WaitForLineEvery(out, 0, 60*time.Second, time.Millisecond, sandbox.IsTick)
+		_, took, err := r.RestoreFirstTick(bundle, id, image, out, rt.restoreArgs...)
 		must(err)
 		if i == 0 {
 			// The first restore of a base learns its write set (forkvisor);
 			// report it apart, for every runtime, and let the learning
 			// finish before the next clone, as it would for clones that
 			// come later in a fleet's life.
-			res.FirstRestoreMs = append(res.FirstRestoreMs, ms(time.Since(start)))
+			res.FirstRestoreMs = append(res.FirstRestoreMs, ms(took))
 			if rt.fork {
 				if err := sandbox.WaitWriteSet(filepath.Join(image, "base.writeset"), 15*time.Second); err != nil {
 					fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
 				}
 			}
 		} else {
-			res.RestoreMs = append(res.RestoreMs, ms(time.Since(start)))
+			res.RestoreMs = append(res.RestoreMs, ms(took))
 		}
 		ids = append(ids, id)
 		outs = append(outs, out)

@@ -65,7 +65,8 @@ func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartRes
 	defer os.RemoveAll(base)
 	bundle := filepath.Join(base, "bundle")
 	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4"))
-	must(runUntilTick(r, bundle, "source", filepath.Join(base, "source.out"), 2))
+	_, err := r.RunUntilTick(bundle, "source", filepath.Join(base, "source.out"), 2, nil)
+	must(err)
 	image := filepath.Join(base, "image")
 	var flags []string
 	if rt.fork {
@@ -74,15 +75,9 @@ func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartRes
 	must(r.Checkpoint("source", image, flags...))
 	r.Destroy("source")
 
-	firstTick := func(out string, start time.Time) float64 {
-		_, _, err := sandbox.WaitForLineEvery(out, 0, 60*time.Second, time.Millisecond, sandbox.IsTick)
-		must(err)
-		return ms(time.Since(start))
-	}
 	// A first restore, not counted: forkvisor learns the base's write set.
-	out := filepath.Join(base, "warmup.out")
-	must(r.Restore(bundle, "warmup", image, out, rt.restoreArgs...))
-	firstTick(out, time.Now())
+	_, _, err = r.RestoreFirstTick(bundle, "warmup", image, filepath.Join(base, "warmup.out"), rt.restoreArgs...)
+	must(err)
 	if rt.fork {
 		if err := sandbox.WaitWriteSet(filepath.Join(image, "base.writeset"), 15*time.Second); err != nil {
 			fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
@@ -95,15 +90,14 @@ func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartRes
 	defer pool.Close()
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("plain%d", i)
-		out := filepath.Join(base, id+".out")
-		start := time.Now()
-		must(r.Restore(bundle, id, image, out, rt.restoreArgs...))
-		res.PlainMs = append(res.PlainMs, firstTick(out, start))
+		_, took, err := r.RestoreFirstTick(bundle, id, image, filepath.Join(base, id+".out"), rt.restoreArgs...)
+		must(err)
+		res.PlainMs = append(res.PlainMs, ms(took))
 		r.Destroy(id)
 
 		// What a waiting sandbox costs to create, off the restore path.
 		cid := fmt.Sprintf("create%d", i)
-		start = time.Now()
+		start := time.Now()
 		must(r.Create(bundle, cid, filepath.Join(base, cid+".out")))
 		res.CreateMs = append(res.CreateMs, ms(time.Since(start)))
 		r.Destroy(cid)
@@ -113,7 +107,9 @@ func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartRes
 		start = time.Now()
 		s, err := pool.Restore(image, rt.restoreArgs...)
 		must(err)
-		res.PrestartedMs = append(res.PrestartedMs, firstTick(s.Out, start))
+		_, err = sandbox.WaitFirstTick(s.Out, start)
+		must(err)
+		res.PrestartedMs = append(res.PrestartedMs, ms(time.Since(start)))
 		r.Destroy(s.ID)
 	}
 }

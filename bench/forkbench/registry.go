@@ -99,7 +99,8 @@ func fleetRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB i
 	}
 	bundle := filepath.Join(dir, "bundle")
 	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4"))
-	must(runUntilTick(nodeA, bundle, "source", filepath.Join(dir, "source.out"), 2))
+	_, err := nodeA.RunUntilTick(bundle, "source", filepath.Join(dir, "source.out"), 2, nil)
+	must(err)
 	var flags []string
 	if rt.fork {
 		flags = []string{"--shared-base"}
@@ -120,11 +121,10 @@ func fleetRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB i
 	// A clone on A runs a while and is parked again (forkvisor: against the
 	// same base), pushed, and pulled on B, which holds the base now.
 	cloneOut := filepath.Join(dir, "a1.out")
-	restoreToTick(nodeA, bundle, "a1", image, cloneOut)
-	first, _, err := sandbox.WaitForLine(cloneOut, 0, 10*time.Second, sandbox.IsTick)
+	ft, _, err := nodeA.RestoreFirstTick(bundle, "a1", image, cloneOut)
 	must(err)
-	ft, _ := sandbox.ParseTick(first)
-	must(waitTick(cloneOut, ft.N+5))
+	_, _, err = sandbox.WaitTick(cloneOut, 0, 120*time.Second, func(t sandbox.Tick) bool { return t.N >= ft.N+5 })
+	must(err)
 	image2 := filepath.Join(dir, "a", "image-v2")
 	must(nodeA.Checkpoint("a1", image2, flags...))
 	nodeA.Destroy("a1")
@@ -143,19 +143,11 @@ func pullAndRestore(node *sandbox.Runsc, bundle, ref, dir, id string) (pullMs fl
 	out := ociTool(node, "pull", ref, image)
 	pullMs = ms(time.Since(start))
 	fetched = bytesIn(out, "fetched")
-	restoreMs = restoreToTick(node, bundle, id, image, filepath.Join(dir, id+".out"))
+	_, took, err := node.RestoreFirstTick(bundle, id, image, filepath.Join(dir, id+".out"))
+	must(err)
+	restoreMs = ms(took)
 	node.Destroy(id)
 	return pullMs, fetched, restoreMs
-}
-
-// restoreToTick restores id from image on r and returns the milliseconds to
-// its first tick line.
-func restoreToTick(r *sandbox.Runsc, bundle, id, image, out string) float64 {
-	start := time.Now()
-	must(r.Restore(bundle, id, image, out))
-	_, _, err := sandbox.WaitForLineEvery(out, 0, 120*time.Second, time.Millisecond, sandbox.IsTick)
-	must(err)
-	return ms(time.Since(start))
 }
 
 // ociTool runs bin/forkvisor-oci for node r (its base store; the fork's

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Tick is one line of the tick workload's output.
@@ -59,4 +60,63 @@ func ParseTick(line string) (Tick, error) {
 func IsTick(line string) bool {
 	_, err := ParseTick(line)
 	return err == nil
+}
+
+// RunUntilTick runs container id from bundle, detached with its output in
+// out, and waits until it prints a tick numbered n or more, for which ok
+// (if not nil) also holds. A tick with a bad heap checksum fails it.
+func (r *Runsc) RunUntilTick(bundle, id, out string, n int, ok func(Tick) bool) (Tick, error) {
+	if err := r.Run(bundle, id, out); err != nil {
+		return Tick{}, err
+	}
+	t, _, err := WaitTick(out, 0, 300*time.Second, func(t Tick) bool { return t.N >= n && (ok == nil || ok(t)) })
+	return t, err
+}
+
+// RestoreFirstTick restores container id from imageDir into bundle (extra
+// restore flags allowed), detached with its output in out, and waits for
+// its first tick line. It returns that tick and the time from the start of
+// `runsc restore` to the line (polled every millisecond).
+func (r *Runsc) RestoreFirstTick(bundle, id, imageDir, out string, extra ...string) (Tick, time.Duration, error) {
+	start := time.Now()
+	if err := r.Restore(bundle, id, imageDir, out, extra...); err != nil {
+		return Tick{}, 0, err
+	}
+	t, err := WaitFirstTick(out, start)
+	return t, time.Since(start), err
+}
+
+// WaitFirstTick waits for the first tick line in out, polling every
+// millisecond, for at most 300 s after since.
+func WaitFirstTick(out string, since time.Time) (Tick, error) {
+	line, _, err := WaitForLineEvery(out, 0, 300*time.Second-time.Since(since), time.Millisecond, IsTick)
+	if err != nil {
+		return Tick{}, err
+	}
+	return ParseTick(line)
+}
+
+// WaitTick waits for a tick line in out, at line index from or later, that
+// satisfies match, and returns it and its index. A tick with a bad heap
+// checksum ends the wait with an error.
+func WaitTick(out string, from int, timeout time.Duration, match func(Tick) bool) (Tick, int, error) {
+	var got Tick
+	_, idx, err := WaitForLine(out, from, timeout, func(l string) bool {
+		t, err := ParseTick(l)
+		if err != nil {
+			return false
+		}
+		if !t.OK || match(t) {
+			got = t
+			return true
+		}
+		return false
+	})
+	if err != nil {
+		return Tick{}, 0, err
+	}
+	if !got.OK {
+		return got, idx, fmt.Errorf("%s: heap checksum BAD at tick %d", out, got.N)
+	}
+	return got, idx, nil
 }

@@ -55,13 +55,7 @@ func newLayerEnv(t *testing.T, fileMiB int) *layerEnv {
 func (e *layerEnv) start(t *testing.T, id string) string {
 	t.Helper()
 	out := filepath.Join(e.dir, id+".out")
-	if err := e.r.Run(e.bundle, id, out); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := sandbox.WaitForLine(out, 0, 60*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		return err == nil && tk.N >= 2 && tk.File == "ok"
-	}); err != nil {
+	if _, err := e.r.RunUntilTick(e.bundle, id, out, 2, func(tk sandbox.Tick) bool { return tk.File == "ok" }); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -82,14 +76,10 @@ func (e *layerEnv) park(t *testing.T, id, name string) (image, snap string) {
 func (e *layerEnv) adopt(t *testing.T, id, image, snap string) (string, sandbox.Tick) {
 	t.Helper()
 	out := filepath.Join(e.dir, id+".out")
-	if err := e.r.Restore(e.bundle, id, image, out, "--filestore-adopt-dir="+snap); err != nil {
-		t.Fatal(err)
-	}
-	line, _, err := sandbox.WaitForLine(out, 0, 30*time.Second, sandbox.IsTick)
+	tk, _, err := e.r.RestoreFirstTick(e.bundle, id, image, out, "--filestore-adopt-dir="+snap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tk, _ := sandbox.ParseTick(line)
 	return out, tk
 }
 

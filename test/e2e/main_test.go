@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/forkvisor/forkvisor/internal/prereq"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
@@ -93,13 +92,7 @@ func startSource(t *testing.T, name string, mib int, args ...string) *source {
 		t.Fatal(err)
 	}
 	s.out = filepath.Join(dir, "source.out")
-	if err := s.r.Run(s.bundle, "source", s.out); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := sandbox.WaitForLine(s.out, 0, 60*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		return err == nil && tk.N >= 3
-	}); err != nil {
+	if _, err := s.r.RunUntilTick(s.bundle, "source", s.out, 3, nil); err != nil {
 		t.Fatal(err)
 	}
 	return s

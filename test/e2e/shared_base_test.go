@@ -37,10 +37,11 @@ func parkSource(t *testing.T, mib int, args ...string) *parked {
 func (p *parked) restoreClone(t *testing.T, id, image string, lastTick int, extra ...string) string {
 	t.Helper()
 	out := filepath.Join(p.dir, id+".out")
-	if err := p.r.Restore(p.bundle, id, image, out, extra...); err != nil {
+	tk, _, err := p.r.RestoreFirstTick(p.bundle, id, image, out, extra...)
+	if err != nil {
 		t.Fatal(err)
 	}
-	checkFirstTick(t, id, out, lastTick)
+	checkContinues(t, id, tk, lastTick)
 	return out
 }
 
@@ -48,12 +49,19 @@ func (p *parked) restoreClone(t *testing.T, id, image string, lastTick int, extr
 // that it continues from lastTick with the heap intact.
 func checkFirstTick(t *testing.T, id, out string, lastTick int) {
 	t.Helper()
-	line, _, err := sandbox.WaitForLine(out, 0, 30*time.Second, sandbox.IsTick)
+	tk, err := sandbox.WaitFirstTick(out, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tk, _ := sandbox.ParseTick(line); tk.N != lastTick+1 || !tk.OK {
-		t.Fatalf("clone %s: first line %q; want tick=%d with sum=ok", id, line, lastTick+1)
+	checkContinues(t, id, tk, lastTick)
+}
+
+// checkContinues checks that tk, the first tick of clone id, continues from
+// lastTick with the heap intact.
+func checkContinues(t *testing.T, id string, tk sandbox.Tick, lastTick int) {
+	t.Helper()
+	if tk.N != lastTick+1 || !tk.OK {
+		t.Fatalf("clone %s: first tick %d, heap ok %t; want tick %d with sum=ok", id, tk.N, tk.OK, lastTick+1)
 	}
 }
 
@@ -69,25 +77,11 @@ func (p *parked) send(t *testing.T, id, cmd string) {
 // satisfies match, and fails the test on a line with sum=BAD.
 func waitTick(t *testing.T, out string, from int, what string, match func(sandbox.Tick) bool) (sandbox.Tick, int) {
 	t.Helper()
-	var got sandbox.Tick
-	_, idx, err := sandbox.WaitForLine(out, from, 60*time.Second, func(l string) bool {
-		tk, err := sandbox.ParseTick(l)
-		if err != nil {
-			return false
-		}
-		if !tk.OK || match(tk) {
-			got = tk
-			return true
-		}
-		return false
-	})
+	tk, idx, err := sandbox.WaitTick(out, from, 60*time.Second, match)
 	if err != nil {
 		t.Fatalf("waiting for %s: %v", what, err)
 	}
-	if !got.OK {
-		t.Fatalf("waiting for %s in %s: heap checksum BAD at tick %d", what, out, got.N)
-	}
-	return got, idx
+	return tk, idx
 }
 
 // TestSharedBaseClones parks a 256 MiB workload with --shared-base and fans
@@ -399,16 +393,12 @@ func TestSharedBaseLeaveRunning(t *testing.T) {
 	lo := last.N
 	hi := lastTick(t, srcOut).N
 	out := filepath.Join(dir, "clone.out")
-	if err := r.Restore(bundle, "clone", image, out); err != nil {
-		t.Fatal(err)
-	}
-	line, _, err := sandbox.WaitForLine(out, 0, 30*time.Second, sandbox.IsTick)
+	first, _, err := r.RestoreFirstTick(bundle, "clone", image, out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, _ := sandbox.ParseTick(line)
 	if first.N < lo || first.N > hi+1 || !first.OK {
-		t.Fatalf("clone's first line %q; want sum=ok and a tick in [%d, %d]", line, lo, hi+1)
+		t.Fatalf("clone's first tick %d (heap ok %t); want sum=ok and a tick in [%d, %d]", first.N, first.OK, lo, hi+1)
 	}
 	waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= first.N+32/4+2 })
 }
