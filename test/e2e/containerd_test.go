@@ -270,3 +270,99 @@ func TestContainerdLogURI(t *testing.T) {
 		t.Errorf("the log file holds %q, want the container's output with %q", b, "exiting 3")
 	}
 }
+
+// TestContainerdExecCycles runs 1000 exec processes, one after another, in
+// one task: each is created, started, waited for and deleted through the
+// shim, which must end with what it held after the first few (open files,
+// threads, and resident memory within 16 MiB), so that nothing it keeps per
+// process (exit statuses, IO, pending restores) grows with their number.
+func TestContainerdExecCycles(t *testing.T) {
+	c := startContainerd(t)
+	ctr(t, c, append(append([]string{"run", "-d"}, c.RunArgs()...), tickImage, "cycles")...)
+	defer func() {
+		c.Ctr("tasks", "kill", "-s", "KILL", "cycles")
+		time.Sleep(500 * time.Millisecond)
+		c.Ctr("tasks", "rm", "-f", "cycles")
+		c.Ctr("containers", "rm", "cycles")
+	}()
+	shim := shimPID(t, "cycles")
+	exec := func(i int) {
+		t.Helper()
+		code := i % 3
+		out, err := c.Ctr("tasks", "exec", "--exec-id", fmt.Sprintf("e%d", i), "cycles", "/workload", "-exit", fmt.Sprint(code))
+		if got := ctrd.ExitCode(err); got != code || !strings.Contains(out, fmt.Sprintf("exiting %d", code)) {
+			t.Fatalf("exec %d: exit %d, output %q; want exit %d and its line", i, got, out, code)
+		}
+	}
+	const warmup, cycles = 20, 1000
+	for i := 0; i < warmup; i++ {
+		exec(i)
+	}
+	before := usageOf(t, shim)
+	start := time.Now()
+	for i := warmup; i < warmup+cycles; i++ {
+		exec(i)
+	}
+	after := usageOf(t, shim)
+	t.Logf("%d exec cycles in %v; shim %d: before %+v, after %+v", cycles, time.Since(start).Round(time.Second), shim, before, after)
+	if after.fds > before.fds+2 {
+		t.Errorf("the shim holds %d open files after %d exec cycles, %d before", after.fds, cycles, before.fds)
+	}
+	if after.threads > before.threads+4 {
+		t.Errorf("the shim runs %d threads after %d exec cycles, %d before", after.threads, cycles, before.threads)
+	}
+	if after.rssKiB > before.rssKiB+16<<10 {
+		t.Errorf("the shim's resident memory grew from %d KiB to %d KiB over %d exec cycles", before.rssKiB, after.rssKiB, cycles)
+	}
+}
+
+// shimPID returns the PID of the runsc shim serving container id.
+func shimPID(t *testing.T, id string) int {
+	t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) == 0 || filepath.Base(args[0]) != "containerd-shim-runsc-v1" {
+			continue
+		}
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-id" && args[i+1] == id {
+				var pid int
+				fmt.Sscan(e.Name(), &pid)
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no runsc shim process for container %s", id)
+	return 0
+}
+
+// usage is what a process holds.
+type usage struct{ fds, threads, rssKiB int }
+
+func usageOf(t *testing.T, pid int) usage {
+	t.Helper()
+	var u usage
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.fds = len(fds)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			fmt.Sscan(v, &u.threads)
+		}
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			fmt.Sscan(v, &u.rssKiB)
+		}
+	}
+	return u
+}
