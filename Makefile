@@ -12,9 +12,9 @@ UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvis
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
 FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/ ./runsc/config/ ./pkg/shim/v1/runsc/ ./pkg/shim/v1/proc/ ./runsc/boot/filter/config/
 
-.PHONY: oci setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe clone-probe shim test test-fork test-harness vet demo flatten-table bench clean
+.PHONY: oci setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe kvserver clone-probe shim test test-fork test-harness vet demo flatten-table bench clean
 
-all: runsc runsc-upstream tick cloneprobe shim oci
+all: runsc runsc-upstream tick cloneprobe kvserver shim oci
 
 # Machine set-up beyond Go (xfsprogs).
 setup:
@@ -79,6 +79,9 @@ tick:
 
 cloneprobe:
 	$(GOBUILD) -o bin/cloneprobe ./test/workloads/cloneprobe
+
+kvserver:
+	$(GOBUILD) -o bin/kvserver ./test/workloads/kvserver
 
 # The clone contract, upstream beside forkvisor (4 clones each).
 clone-probe: all

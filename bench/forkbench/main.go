@@ -25,6 +25,10 @@
 //	           restore; park a clone of it again on A, push, pull on B
 //	           (which holds the base by then) and restore. Upstream's plain
 //	           checkpoint travels as one artifact of its files.
+//	http       a stateful HTTP server (test/workloads/kvserver, 64 MiB heap) on
+//	           gVisor's network stack, parked and restored as 4 clones, each
+//	           in a network namespace of its own: restore -> first answered
+//	           GET, and requests per second of the source and each clone
 //	prestarted restore a parked 256 MiB tick workload by a plain restore and
 //	           into a sandbox created beforehand (internal/warmpool: runsc
 //	           create, then runsc restore of the created container), 8 of
@@ -63,7 +67,8 @@ var (
 	forkBin     = flag.String("fork", "bin/runsc", "forkvisor runsc")
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
 	ociBin      = flag.String("oci", "bin/forkvisor-oci", "registry companion (registry scenario)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted", "scenarios to run")
+	kvBin       = flag.String("kvserver", "bin/kvserver", "HTTP key-value workload (http scenario; static)")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http", "scenarios to run")
 	repeat      = flag.Int("repeat", 1, "runs per clone scenario and runtime, alternating runtimes (medians are reported)")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
@@ -219,9 +224,14 @@ func main() {
 	if want["prestarted"] {
 		prestartResults = prestarted(dir, runtimes, 256)
 	}
+	var httpResults []HTTPResult
+	if want["http"] {
+		httpResults = httpClones(dir, []runtimeConfig{runtimes[0], runtimes[2]}, abs(*kvBin))
+	}
 	printTable(results)
 	printFleet(fleetResults)
 	printPrestarted(prestartResults)
+	printHTTP(httpResults)
 	if *jsonOut != "" {
 		if err := os.MkdirAll(filepath.Dir(*jsonOut), 0o755); err == nil {
 			b, _ := json.MarshalIndent(map[string]any{
@@ -230,6 +240,7 @@ func main() {
 				"results":    results,
 				"registry":   fleetResults,
 				"prestarted": prestartResults,
+				"http":       httpResults,
 			}, "", "  ")
 			if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 				fatalf("%v", err)
