@@ -29,6 +29,9 @@
 //	           gVisor's network stack, parked and restored as 4 clones, each
 //	           in a network namespace of its own: restore -> first answered
 //	           GET, and requests per second of the source and each clone
+//	storage    a 256 MiB tick workload that stores into 1% of its pages per
+//	           tick, parked, then 10 times restored, ticked and parked
+//	           again: bytes on disk per park and for the whole lineage
 //	prestarted restore a parked 256 MiB tick workload by a plain restore and
 //	           into a sandbox created beforehand (internal/warmpool: runsc
 //	           create, then runsc restore of the created container), 8 of
@@ -68,7 +71,7 @@ var (
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
 	ociBin      = flag.String("oci", "bin/forkvisor-oci", "registry companion (registry scenario)")
 	kvBin       = flag.String("kvserver", "bin/kvserver", "HTTP key-value workload (http scenario; static)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http,storage", "scenarios to run")
 	repeat      = flag.Int("repeat", 1, "runs per clone scenario and runtime, alternating runtimes (medians are reported)")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
@@ -226,10 +229,15 @@ func main() {
 	}
 	var httpResults []HTTPResult
 	if want["http"] {
-		httpResults = httpClones(dir, []runtimeConfig{runtimes[0], runtimes[2]}, abs(*kvBin))
+		httpResults = httpClones(dir, runtimes, abs(*kvBin))
+	}
+	var storageResults []StorageResult
+	if want["storage"] {
+		storageResults = storage(dir, []runtimeConfig{runtimes[0], runtimes[2]})
 	}
 	printTable(results)
 	printFleet(fleetResults)
+	printStorage(storageResults)
 	printPrestarted(prestartResults)
 	printHTTP(httpResults)
 	if *jsonOut != "" {
@@ -241,6 +249,7 @@ func main() {
 				"registry":   fleetResults,
 				"prestarted": prestartResults,
 				"http":       httpResults,
+				"storage":    storageResults,
 			}, "", "  ")
 			if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 				fatalf("%v", err)
