@@ -330,7 +330,7 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 			// come later in a fleet's life.
 			res.FirstRestoreMs = append(res.FirstRestoreMs, ms(took))
 			if rt.fork {
-				if err := sandbox.WaitWriteSet(filepath.Join(image, "base.writeset"), 15*time.Second); err != nil {
+				if err := sandbox.WaitWriteSet(r.WriteSetPath(image), 15*time.Second); err != nil {
 					fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
 				}
 			}

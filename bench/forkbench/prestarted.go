@@ -79,7 +79,7 @@ func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartRes
 	_, _, err = r.RestoreFirstTick(bundle, "warmup", image, filepath.Join(base, "warmup.out"), rt.restoreArgs...)
 	must(err)
 	if rt.fork {
-		if err := sandbox.WaitWriteSet(filepath.Join(image, "base.writeset"), 15*time.Second); err != nil {
+		if err := sandbox.WaitWriteSet(r.WriteSetPath(image), 15*time.Second); err != nil {
 			fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
 		}
 	}

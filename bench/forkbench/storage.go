@@ -75,7 +75,7 @@ func storageRun(base string, rt runtimeConfig, heapMiB, cycles int) StorageResul
 	_, _, err = r.RestoreFirstTick(bundle, "learner", image, filepath.Join(base, "learner.out"), rt.restoreArgs...)
 	must(err)
 	if rt.fork {
-		if err := sandbox.WaitWriteSet(filepath.Join(image, "base.writeset"), 15*time.Second); err != nil {
+		if err := sandbox.WaitWriteSet(r.WriteSetPath(image), 15*time.Second); err != nil {
 			fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
 		}
 	}

@@ -2,8 +2,10 @@ package sandbox
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/memstat"
@@ -32,8 +34,35 @@ func (r *Runsc) Memory(ids ...string) (all, sentries memstat.Usage, err error) {
 // restore that learns it creates the file empty and writes it whole.
 var writeSetMagic = []byte("GVWRSET\x00")
 
-// WaitWriteSet waits up to timeout until the base write set at path (e.g.
-// IMAGE/base.writeset) has been written by the restore that learns it.
+// WriteSetPath returns where the fork keeps the write set of the base that
+// the checkpoint in image was saved against: in the node base store's entry
+// when a restore maps the stored file (the image links it, or holds no
+// base.img), else beside the image's base.img.
+func (r *Runsc) WriteSetPath(image string) string {
+	beside := filepath.Join(image, "base.writeset")
+	b, err := os.ReadFile(filepath.Join(image, "base.json"))
+	if err != nil {
+		return beside
+	}
+	var d struct {
+		SHA256 string `json:"sha256"`
+	}
+	if json.Unmarshal(b, &d) != nil || d.SHA256 == "" {
+		return beside
+	}
+	entry := filepath.Join(r.StorePath(), "sha256", d.SHA256)
+	stored, err := os.Stat(filepath.Join(entry, "base.img"))
+	if err != nil {
+		return beside
+	}
+	if own, err := os.Stat(filepath.Join(image, "base.img")); err == nil && !os.SameFile(own, stored) {
+		return beside
+	}
+	return filepath.Join(entry, "base.writeset")
+}
+
+// WaitWriteSet waits up to timeout until the base write set at path (see
+// WriteSetPath) has been written by the restore that learns it.
 func WaitWriteSet(path string, timeout time.Duration) error {
 	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
 		if b, err := os.ReadFile(path); err == nil && bytes.HasPrefix(b, writeSetMagic) {

@@ -39,7 +39,7 @@ func TestSharedBasePythonClones(t *testing.T) {
 		id := fmt.Sprintf("py%d", i)
 		out := p.restoreClone(t, id, image, last)
 		if i == 0 {
-			waitWriteSet(t, filepath.Join(image, "base.writeset"))
+			waitWriteSet(t, r.WriteSetPath(image))
 		}
 		if _, err := r.Exec(append([]string{"exec", id}, sandbox.PyAgentSend("mark")...)...); err != nil {
 			t.Fatal(err)

@@ -81,9 +81,10 @@ func TestSharedBaseReadersShareMemory(t *testing.T) {
 // TestSharedBaseWriterClones restores clones of workloads that store into
 // 30% and 100% of their heap pages (scattered) on every tick, the first tick
 // after restore included. Each clone must continue correctly; the first one
-// learns the base's write set (base.writeset beside base.img), later ones
-// apply it; and the clones together must not use more memory than upstream's
-// clones of the same workload.
+// learns the base's write set (kept in the node base store's entry), later
+// ones apply it, and so does a clone of a clone parked again; and the clones
+// together must not use more memory than upstream's clones of the same
+// workload.
 func TestSharedBaseWriterClones(t *testing.T) {
 	const mib, clones = 64, 4
 	for _, pct := range []int{30, 100} {
@@ -97,7 +98,7 @@ func TestSharedBaseWriterClones(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.r.LogDir = logs
-			ws := filepath.Join(p.image, "base.writeset")
+			ws := p.r.WriteSetPath(p.image)
 			var ids []string
 			for i := 0; i < clones; i++ {
 				id := fmt.Sprintf("w%d", i)
@@ -116,6 +117,23 @@ func TestSharedBaseWriterClones(t *testing.T) {
 			t.Logf("%d clones storing into %d%% of %d MiB: total Pss %.1f MiB, upstream %.1f MiB", clones, pct, mib, pss, upstream)
 			if pss > upstream*1.05 {
 				t.Errorf("forkvisor clones use %.1f MiB, more than upstream's %.1f MiB", pss, upstream)
+			}
+
+			// A clone parked again shares the base, and so its write set: a
+			// restore of the new image applies it instead of learning again.
+			image2 := filepath.Join(p.dir, "image-repark")
+			if err := p.r.Checkpoint(ids[1], image2, "--shared-base"); err != nil {
+				t.Fatal(err)
+			}
+			p.r.Destroy(ids[1])
+			logs2 := filepath.Join(p.dir, "logs-repark")
+			if err := os.MkdirAll(logs2, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			p.r.LogDir = logs2
+			p.restoreClone(t, "w-repark", image2, lastTick(t, filepath.Join(p.dir, ids[1]+".out")).N)
+			if !logsContain(t, logs2, "applying a write set") || logsContain(t, logs2, "Learning the write set") {
+				t.Errorf("a restore of a re-parked clone should apply the base's write set, not learn one (debug logs in %s)", logs2)
 			}
 		})
 	}
