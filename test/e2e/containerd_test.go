@@ -273,9 +273,10 @@ func TestContainerdLogURI(t *testing.T) {
 
 // TestContainerdExecCycles runs 1000 exec processes, one after another, in
 // one task: each is created, started, waited for and deleted through the
-// shim, which must end with what it held after the first few (open files,
-// threads, and resident memory within 16 MiB), so that nothing it keeps per
-// process (exit statuses, IO, pending restores) grows with their number.
+// shim, which must end with about what it held after the first few (open
+// files and threads within a few in flight, resident memory within 16 MiB),
+// so that nothing it keeps per process (IO, exit watchers, pending
+// restores) grows with their number.
 func TestContainerdExecCycles(t *testing.T) {
 	c := startContainerd(t)
 	ctr(t, c, append(append([]string{"run", "-d"}, c.RunArgs()...), tickImage, "cycles")...)
@@ -305,10 +306,12 @@ func TestContainerdExecCycles(t *testing.T) {
 	}
 	after := usageOf(t, shim)
 	t.Logf("%d exec cycles in %v; shim %d: before %+v, after %+v", cycles, time.Since(start).Round(time.Second), shim, before, after)
-	if after.fds > before.fds+2 {
+	// Files and threads in flight (a runsc command, IO copies) vary by a
+	// few between samples; anything kept per exec would add a thousand.
+	if after.fds > before.fds+16 {
 		t.Errorf("the shim holds %d open files after %d exec cycles, %d before", after.fds, cycles, before.fds)
 	}
-	if after.threads > before.threads+4 {
+	if after.threads > before.threads+8 {
 		t.Errorf("the shim runs %d threads after %d exec cycles, %d before", after.threads, cycles, before.threads)
 	}
 	if after.rssKiB > before.rssKiB+16<<10 {
