@@ -117,7 +117,7 @@ func TestNetworkClones(t *testing.T) {
 			t.Errorf("clone %d: mine=%q, want its own write %q", k, got, want)
 		}
 		// What the workload sees of the connection it held when parked:
-		// runsc --net-disconnect-ok (the default) closed it at the park, and
+		// runsc closed it at the park (--allow-connected-on-save is off by default), and
 		// the clone reads end of file.
 		if line := waitLine(t, outs[k], 0, "held n=0 ended: "); line != "held n=0 ended: EOF" {
 			t.Errorf("clone %d: %q, want the held connection to end with EOF", k, line)
