@@ -47,7 +47,7 @@ func httpClones(dir string, runtimes []runtimeConfig, kvBin string) []HTTPResult
 		var srcRPS, srcP50, srcP99 []float64
 		for i := 0; i < *repeat; i++ {
 			fmt.Fprintf(os.Stderr, "forkbench: http, %s, run %d/%d\n", rt.name, i+1, *repeat)
-			r := httpRun(filepath.Join(dir, fmt.Sprintf("http-%s-%d", rt.name, i)), rt, kvBin, clones, i)
+			r := httpRun(filepath.Join(dir, fmt.Sprintf("http-%s-%d", rt.name, i)), rt, kvBin, clones)
 			srcRPS, srcP50, srcP99 = append(srcRPS, r.SourceRPS), append(srcP50, r.SourceP50Us), append(srcP99, r.SourceP99Us)
 			res.FirstResponseMs = append(res.FirstResponseMs, r.FirstResponseMs...)
 			res.CloneRPS = append(res.CloneRPS, r.CloneRPS...)
@@ -61,11 +61,12 @@ func httpClones(dir string, runtimes []runtimeConfig, kvBin string) []HTTPResult
 	return out
 }
 
-func httpRun(base string, rt runtimeConfig, kvBin string, clones, run int) HTTPResult {
+func httpRun(base string, rt runtimeConfig, kvBin string, clones int) HTTPResult {
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, Network: "sandbox", LogDir: runtimeLogDir("http", rt)}
 	addCleanup(r.Cleanup)
-	defer r.Cleanup()
+	// Deferred in this order so that the sandboxes go before their root.
 	defer os.RemoveAll(base)
+	defer r.Cleanup()
 	tag := fmt.Sprintf("fb%d", os.Getpid()%100000)
 	newNS := func(k int) *netns.NS {
 		ns, err := netns.Create(fmt.Sprintf("%s-%d", tag, k), fmt.Sprintf("%sh%d", tag, k), 100+k)
@@ -154,6 +155,9 @@ func httpLoad(addr string, d time.Duration) (rps, p50, p99 float64) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			fatalf("GET %s: status %d", url, resp.StatusCode)
+		}
 		lat = append(lat, float64(time.Since(t).Microseconds()))
 	}
 	sort.Float64s(lat)

@@ -288,8 +288,9 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 	base := filepath.Join(dir, sc.name+"-"+rt.name)
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir(sc.name, rt)}
 	addCleanup(r.Cleanup)
-	defer r.Cleanup()
+	// Deferred in this order so that the sandboxes go before their root.
 	defer os.RemoveAll(base)
+	defer r.Cleanup()
 	bundle := filepath.Join(base, "bundle")
 	// fullPass is the number of ticks after the first in which every clone
 	// has read (or, for the agent, walked) its whole heap.

@@ -61,8 +61,9 @@ func prestarted(dir string, runtimes []runtimeConfig, heapMiB int) []PrestartRes
 func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartResult) {
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("prestarted", rt)}
 	addCleanup(r.Cleanup)
-	defer r.Cleanup()
+	// Deferred in this order so that the sandboxes go before their root.
 	defer os.RemoveAll(base)
+	defer r.Cleanup()
 	bundle := filepath.Join(base, "bundle")
 	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4"))
 	_, err := r.RunUntilTick(bundle, "source", filepath.Join(base, "source.out"), 2, nil)

@@ -45,8 +45,9 @@ func storage(dir string, runtimes []runtimeConfig) []StorageResult {
 func storageRun(base string, rt runtimeConfig, heapMiB, cycles int) StorageResult {
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("storage", rt)}
 	addCleanup(r.Cleanup)
-	defer r.Cleanup()
+	// Deferred in this order so that the sandboxes go before their root.
 	defer os.RemoveAll(base)
+	defer r.Cleanup()
 	defer os.RemoveAll(r.StorePath())
 	bundle := filepath.Join(base, "bundle")
 	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4", "-write-pct", "1"))

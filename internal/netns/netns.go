@@ -30,7 +30,8 @@ type NS struct {
 
 // Create creates namespace name with eth0 at 10.231.subnet.2/24 inside and
 // hostIf at 10.231.subnet.1/24 in the caller's namespace. On failure nothing
-// is left behind.
+// it created is left behind; a name or subnet in use makes it fail (callers
+// that run at once choose distinct subnets).
 func Create(name, hostIf string, subnet int) (*NS, error) {
 	if subnet < 0 || subnet > 255 {
 		return nil, fmt.Errorf("netns: subnet %d out of 0..255", subnet)
@@ -55,9 +56,16 @@ func Create(name, hostIf string, subnet int) (*NS, error) {
 		{"-n", name, "link", "set", "lo", "up"},
 		{"-n", name, "route", "add", "default", "via", ns.HostIP},
 	}
-	for _, args := range steps {
+	for i, args := range steps {
 		if err := ip(args...); err != nil {
-			ns.Delete()
+			// Undo only what this call created: a name that existed
+			// already belongs to someone else.
+			if i > 1 {
+				ip("link", "del", hostIf)
+			}
+			if i > 0 {
+				ip("netns", "del", name)
+			}
 			return nil, err
 		}
 	}
@@ -65,7 +73,7 @@ func Create(name, hostIf string, subnet int) (*NS, error) {
 }
 
 // Delete removes the namespace and the veth pair (deleting either end
-// deletes both). It is safe to call on a partly created NS.
+// deletes both).
 func (ns *NS) Delete() {
 	ip("link", "del", ns.HostIf)
 	ip("netns", "del", ns.Name)

@@ -76,7 +76,8 @@ func (r *Runsc) RunUntilTick(bundle, id, out string, n int, ok func(Tick) bool) 
 // RestoreFirstTick restores container id from imageDir into bundle (extra
 // restore flags allowed), detached with its output in out, and waits for
 // its first tick line. It returns that tick and the time from the start of
-// `runsc restore` to the line (polled every millisecond).
+// `runsc restore` to the line (polled every millisecond); a first tick with a
+// bad heap checksum is an error.
 func (r *Runsc) RestoreFirstTick(bundle, id, imageDir, out string, extra ...string) (Tick, time.Duration, error) {
 	start := time.Now()
 	if err := r.Restore(bundle, id, imageDir, out, extra...); err != nil {
@@ -87,13 +88,18 @@ func (r *Runsc) RestoreFirstTick(bundle, id, imageDir, out string, extra ...stri
 }
 
 // WaitFirstTick waits for the first tick line in out, polling every
-// millisecond, for at most 300 s after since.
+// millisecond, for at most 300 s after since. A first tick with a bad heap
+// checksum is an error.
 func WaitFirstTick(out string, since time.Time) (Tick, error) {
 	line, _, err := WaitForLineEvery(out, 0, 300*time.Second-time.Since(since), time.Millisecond, IsTick)
 	if err != nil {
 		return Tick{}, err
 	}
-	return ParseTick(line)
+	t, err := ParseTick(line)
+	if err == nil && !t.OK {
+		err = fmt.Errorf("%s: heap checksum BAD at tick %d", out, t.N)
+	}
+	return t, err
 }
 
 // WaitTick waits for a tick line in out, at line index from or later, that

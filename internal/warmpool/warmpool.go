@@ -4,10 +4,10 @@
 // A waiting sandbox is a container created with `runsc create` and never
 // started: its sandbox and gofer processes, namespaces, platform and control
 // server exist, and the sentry waits for a start or a restore (which
-// installs the seccomp filter, since the filter depends on the image). `runsc restore --image-path IMAGE ID` of such a
-// container sends only the image (runsc's own interface: restore into a
-// created container, as containerd does); the pool adds the keeping and the
-// refilling.
+// installs the seccomp filter, since the filter depends on the image).
+// `runsc restore --image-path IMAGE ID` of such a container sends only the
+// image (runsc's own interface: restore into a created container, as
+// containerd does); the pool adds the keeping and the refilling.
 //
 // What a waiting sandbox is bound to, fixed at create: the bundle (the OCI
 // spec: process, environment, root filesystem, mounts), the network
@@ -22,6 +22,7 @@ package warmpool
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -53,9 +54,11 @@ type Pool struct {
 	waiting []Sandbox
 	// next numbers container IDs.
 	next int
-	// lastErr is the last create failure, cleared by a success.
-	lastErr error
-	closed  bool
+	// attempts counts the refiller's creates; lastErr is the error of the
+	// latest one (nil if it succeeded).
+	attempts uint64
+	lastErr  error
+	closed   bool
 	// refill wakes the refiller; stop ends it, and done is closed when it
 	// has ended.
 	refill chan struct{}
@@ -79,8 +82,12 @@ func New(r *sandbox.Runsc, bundle, dir, prefix string, size int) (*Pool, error) 
 	return p, nil
 }
 
-// Fill waits until size sandboxes wait, or a create fails, or timeout.
+// Fill waits until size sandboxes wait, or a create started after the call
+// fails, or timeout passes.
 func (p *Pool) Fill(timeout time.Duration) error {
+	p.mu.Lock()
+	since := p.attempts
+	p.mu.Unlock()
 	p.kick()
 	deadline := time.AfterFunc(timeout, func() {
 		p.mu.Lock()
@@ -95,7 +102,7 @@ func (p *Pool) Fill(timeout time.Duration) error {
 		if p.closed {
 			return errors.New("warmpool: closed")
 		}
-		if p.lastErr != nil {
+		if p.lastErr != nil && p.attempts > since {
 			return p.lastErr
 		}
 		if time.Since(start) >= timeout {
@@ -128,6 +135,7 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 	}
 	if err := p.r.Restore(p.bundle, s.ID, image, s.Out, extra...); err != nil {
 		p.r.Destroy(s.ID)
+		os.Remove(s.Out)
 		return Sandbox{}, fmt.Errorf("warmpool: restoring %s into waiting sandbox %s: %w", image, s.ID, err)
 	}
 	return s, nil
@@ -179,7 +187,8 @@ func (p *Pool) kick() {
 	}
 }
 
-// refiller creates sandboxes, one at a time, whenever fewer than size wait.
+// refiller creates sandboxes, one at a time, whenever fewer than size wait;
+// after a failed create it retries every retryInterval.
 func (p *Pool) refiller() {
 	defer close(p.done)
 	for {
@@ -188,34 +197,49 @@ func (p *Pool) refiller() {
 			return
 		case <-p.refill:
 		}
-		for p.refillOne() {
+		for {
+			created, err := p.refillOne()
+			if err == nil && !created {
+				break
+			}
+			if err != nil {
+				select {
+				case <-p.stop:
+					return
+				case <-time.After(retryInterval):
+				}
+			}
 		}
 	}
 }
 
-// refillOne creates one sandbox if fewer than size wait, and reports
-// whether it did.
-func (p *Pool) refillOne() bool {
+// retryInterval is how long the refiller waits after a failed create.
+const retryInterval = time.Second
+
+// refillOne creates one sandbox if fewer than size wait, and reports whether
+// it did, or the create's error.
+func (p *Pool) refillOne() (bool, error) {
 	p.mu.Lock()
 	if p.closed || len(p.waiting) >= p.size {
 		p.mu.Unlock()
-		return false
+		return false, nil
 	}
 	p.mu.Unlock()
 	s, err := p.create()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer p.cond.Broadcast()
+	p.attempts++
 	p.lastErr = err
 	if err != nil {
-		return false
+		return false, err
 	}
 	if p.closed {
 		p.r.Destroy(s.ID)
-		return false
+		return false, nil
 	}
 	p.waiting = append(p.waiting, s)
-	return true
+	return true, nil
 }
 
 // Close stops refilling and destroys every waiting sandbox. Sandboxes handed

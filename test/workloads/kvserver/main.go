@@ -25,6 +25,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -36,6 +37,10 @@ func main() {
 	mib := flag.Int("mib", 16, "heap to fill at start, in MiB")
 	flag.Parse()
 
+	if *mib < 1 {
+		fmt.Fprintf(os.Stderr, "kvserver: -mib %d: want at least 1\n", *mib)
+		os.Exit(2)
+	}
 	heap := make([]byte, *mib<<20)
 	for i := range heap {
 		heap[i] = byte(i * 7)
@@ -89,10 +94,11 @@ func main() {
 	}
 	go hold(tl)
 	fmt.Printf("ready http=%s hold=%s heap=%d\n", hl.Addr(), tl.Addr(), heap[len(heap)-1])
-	if err := http.Serve(hl, mux); err != nil {
-		fmt.Fprintf(os.Stderr, "kvserver: %v\n", err)
-		os.Exit(1)
-	}
+	err = http.Serve(hl, mux)
+	// The heap stays part of the server's memory for as long as it serves.
+	runtime.KeepAlive(heap)
+	fmt.Fprintf(os.Stderr, "kvserver: %v\n", err)
+	os.Exit(1)
 }
 
 // hold accepts connections on l and reads each until it fails, printing
