@@ -77,14 +77,7 @@ func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartRes
 	r.Destroy("source")
 
 	// A first restore, not counted: forkvisor learns the base's write set.
-	_, _, err = r.RestoreFirstTick(bundle, "warmup", image, filepath.Join(base, "warmup.out"), rt.restoreArgs...)
-	must(err)
-	if rt.fork {
-		if err := sandbox.WaitWriteSet(r.WriteSetPath(image), 15*time.Second); err != nil {
-			fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
-		}
-	}
-	r.Destroy("warmup")
+	learnWriteSet(r, rt, bundle, image, filepath.Join(base, "learner.out"))
 
 	pool, err := warmpool.New(r, bundle, base, "warm", 1)
 	must(err)
@@ -113,6 +106,21 @@ func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartRes
 		res.PrestartedMs = append(res.PrestartedMs, ms(time.Since(start)))
 		r.Destroy(s.ID)
 	}
+}
+
+// learnWriteSet restores a clone of image that is not measured and, for
+// forkvisor, waits until it has learned the base's write set (the first
+// restore of a base on a node does; a fleet learns once per base), then
+// destroys it.
+func learnWriteSet(r *sandbox.Runsc, rt runtimeConfig, bundle, image, out string) {
+	_, _, err := r.RestoreFirstTick(bundle, "learner", image, out, rt.restoreArgs...)
+	must(err)
+	if rt.fork {
+		if err := sandbox.WaitWriteSet(r.WriteSetPath(image), 15*time.Second); err != nil {
+			fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
+		}
+	}
+	r.Destroy("learner")
 }
 
 // percentile returns the p-th percentile of v (nearest rank).

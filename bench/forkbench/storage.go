@@ -73,14 +73,7 @@ func storageRun(base string, rt runtimeConfig, heapMiB, cycles int) StorageResul
 	// their base pages, so a lineage through the learner carries them in
 	// every later park. A fleet learns once per base: learn on a clone that
 	// is not part of the lineage, as clones256 does.
-	_, _, err = r.RestoreFirstTick(bundle, "learner", image, filepath.Join(base, "learner.out"), rt.restoreArgs...)
-	must(err)
-	if rt.fork {
-		if err := sandbox.WaitWriteSet(r.WriteSetPath(image), 15*time.Second); err != nil {
-			fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
-		}
-	}
-	r.Destroy("learner")
+	learnWriteSet(r, rt, bundle, image, filepath.Join(base, "learner.out"))
 	for c := 1; c <= cycles; c++ {
 		id := fmt.Sprintf("c%d", c)
 		out := filepath.Join(base, id+".out")
