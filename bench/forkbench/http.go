@@ -2,15 +2,12 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
+	"github.com/forkvisor/forkvisor/internal/kvclient"
 	"github.com/forkvisor/forkvisor/internal/netns"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
@@ -88,8 +85,10 @@ func httpRun(base string, rt runtimeConfig, kvBin string, clones int) HTTPResult
 	must(r.Run(newBundle("source", srcNS), "source", out))
 	_, _, err := sandbox.WaitForLine(out, 0, 60*time.Second, func(l string) bool { return strings.HasPrefix(l, "ready ") })
 	must(err)
-	httpDo("POST", srcNS.GuestIP, "/set?k=origin&v=source", 10*time.Second)
-	res.SourceRPS, res.SourceP50Us, res.SourceP99Us = httpLoad(srcNS.GuestIP, time.Second)
+	src := kvclient.New(srcNS.GuestIP)
+	must(src.Set("origin", "source"))
+	res.SourceRPS, res.SourceP50Us, res.SourceP99Us, err = src.Load("origin", time.Second)
+	must(err)
 
 	image := filepath.Join(base, "image")
 	var flags []string
@@ -105,63 +104,16 @@ func httpRun(base string, rt runtimeConfig, kvBin string, clones int) HTTPResult
 		id := fmt.Sprintf("clone%d", k)
 		start := time.Now()
 		must(r.Restore(newBundle(id, ns), id, image, filepath.Join(base, id+".out"), rt.restoreArgs...))
-		if got := httpDo("GET", ns.GuestIP, "/get?k=origin", 60*time.Second); got != "source" {
-			fatalf("http %s clone %d: origin=%q, want the parked server's", rt.name, k, got)
+		c := kvclient.New(ns.GuestIP)
+		if got, err := c.WaitGet("origin", 60*time.Second); err != nil || got != "source" {
+			fatalf("http %s clone %d: origin=%q (%v), want the parked server's", rt.name, k, got, err)
 		}
 		res.FirstResponseMs = append(res.FirstResponseMs, ms(time.Since(start)))
-		rps, p50, p99 := httpLoad(ns.GuestIP, time.Second)
+		rps, p50, p99, err := c.Load("origin", time.Second)
+		must(err)
 		res.CloneRPS, res.CloneP50Us, res.CloneP99Us = append(res.CloneRPS, rps), append(res.CloneP50Us, p50), append(res.CloneP99Us, p99)
 	}
 	return res
-}
-
-// httpDo sends one request to the kvserver at addr on a new connection,
-// retrying until it gets a 200 or timeout passes, and returns the body.
-func httpDo(method, addr, path string, timeout time.Duration) string {
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	deadline := time.Now().Add(timeout)
-	for {
-		req, err := http.NewRequest(method, "http://"+net.JoinHostPort(addr, "8080")+path, nil)
-		must(err)
-		resp, err := client.Do(req)
-		if err == nil {
-			b, rerr := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if rerr == nil && resp.StatusCode == http.StatusOK {
-				return string(b)
-			}
-			err = fmt.Errorf("status %d, read error %v", resp.StatusCode, rerr)
-		}
-		if time.Now().After(deadline) {
-			fatalf("%s %s%s: %v", method, addr, path, err)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// httpLoad sends sequential keep-alive GETs to addr for d and returns
-// requests per second and the 50th and 99th percentile latency in µs.
-func httpLoad(addr string, d time.Duration) (rps, p50, p99 float64) {
-	client := &http.Client{Timeout: 5 * time.Second}
-	defer client.CloseIdleConnections()
-	url := "http://" + net.JoinHostPort(addr, "8080") + "/get?k=origin"
-	var lat []float64
-	start := time.Now()
-	for time.Since(start) < d {
-		t := time.Now()
-		resp, err := client.Get(url)
-		if err != nil {
-			fatalf("GET %s: %v", url, err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			fatalf("GET %s: status %d", url, resp.StatusCode)
-		}
-		lat = append(lat, float64(time.Since(t).Microseconds()))
-	}
-	sort.Float64s(lat)
-	return float64(len(lat)) / time.Since(start).Seconds(), median(lat), percentile(lat, 99)
 }
 
 func printHTTP(results []HTTPResult) {

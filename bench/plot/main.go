@@ -104,8 +104,6 @@ func find(rs []result, scenario, runtime string) (result, bool) {
 	return result{}, false
 }
 
-const groupWidth = 1.0
-
 // newPlot returns a plot with a title, a y label starting at 0, a legend
 // entry per runtime in its color, and the width of one box or bar.
 func newPlot(title, yLabel string, runtimes []string) (*plot.Plot, vg.Length) {
@@ -133,7 +131,7 @@ func restorePlot(rs []result, scenarios, runtimes []string, out string) error {
 			if !ok || len(r.RestoreMs) == 0 {
 				continue
 			}
-			box, err := plotter.NewBoxPlot(w, float64(i)*groupWidth*float64(len(runtimes)+1)+float64(j), plotter.Values(r.RestoreMs))
+			box, err := plotter.NewBoxPlot(w, float64(i)+slot(j, len(runtimes))*0.8/float64(len(runtimes)), plotter.Values(r.RestoreMs))
 			if err != nil {
 				return err
 			}
@@ -141,7 +139,7 @@ func restorePlot(rs []result, scenarios, runtimes []string, out string) error {
 			p.Add(box)
 		}
 	}
-	p.NominalX(nominal(scenarios, runtimes)...)
+	p.NominalX(scenarios...)
 	return save(p, len(scenarios), out)
 }
 
@@ -159,22 +157,17 @@ func pssPlot(rs []result, scenarios, runtimes []string, out string) error {
 			return err
 		}
 		bars.Color = plotutil.Color(j)
-		bars.Offset = w * vg.Length(j-len(runtimes)/2)
+		bars.Offset = w * vg.Length(slot(j, len(runtimes)))
 		p.Add(bars)
 	}
 	p.NominalX(scenarios...)
 	return save(p, len(scenarios), out)
 }
 
-// nominal labels the box plot positions: the scenario under the middle
-// runtime of each group.
-func nominal(scenarios, runtimes []string) []string {
-	n := len(scenarios) * (len(runtimes) + 1)
-	labels := make([]string, n)
-	for i, sc := range scenarios {
-		labels[i*(len(runtimes)+1)+len(runtimes)/2] = sc
-	}
-	return labels
+// slot is the position of runtime j of n within a scenario's group, in
+// units of one box or bar, centred on the scenario's label.
+func slot(j, n int) float64 {
+	return float64(j) - float64(n-1)/2
 }
 
 // swatch is a legend entry: a filled square of one color.

@@ -91,7 +91,8 @@ func TestDecodeRefuses(t *testing.T) {
 		{"version", func(m *Manifest) { m.Version = 2 }, "version 2"},
 		{"block size", func(m *Manifest) { m.BlockSize = 4096 }, "block size 4096"},
 		{"malformed digest", func(m *Manifest) { m.Blocks[0] = "md5:00" }, "not a sha256 digest"},
-		{"uppercase digest", func(m *Manifest) { m.Blocks[0] = strings.ToUpper(m.Blocks[0][:7]) + strings.ToUpper(m.Blocks[0][7:]) }, "not a sha256 digest"},
+		{"uppercase prefix", func(m *Manifest) { m.Blocks[0] = strings.ToUpper(m.Blocks[0][:7]) + m.Blocks[0][7:] }, "not a sha256 digest"},
+		{"uppercase hex", func(m *Manifest) { m.Blocks[0] = m.Blocks[0][:7] + strings.ToUpper(m.Blocks[0][7:]) }, "in lowercase hex"},
 		{"length that overflows the block count", func(m *Manifest) { m.Length = ^uint64(0) - 100; m.Blocks = nil }, "lists 0 blocks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -175,7 +175,8 @@ type PushResult struct {
 	// (never pushed). BlocksPushed: blocks uploaded; the rest were in the
 	// registry already.
 	Blocks, ZeroBlocks, BlocksPushed int
-	// BytesPushed counts every blob uploaded.
+	// BytesPushed counts the block and file blobs uploaded (not the
+	// manifests and the block manifest config blob).
 	BytesPushed int64
 }
 
@@ -457,7 +458,8 @@ type PullResult struct {
 	// all zeroes (never fetched) and those fetched (a block repeated in the
 	// base is fetched once).
 	Blocks, ZeroBlocks, BlocksFetched int
-	// BytesFetched counts every blob fetched.
+	// BytesFetched counts the block and file blobs fetched (not the
+	// manifests and the block manifest config blob).
 	BytesFetched int64
 	// Files are the checkpoint files written.
 	Files []string

@@ -151,6 +151,7 @@ func TestPullRefuses(t *testing.T) {
 		{"base.json without a base", CheckpointArtifactType, map[string][]byte{"base.json": baseJSON(rootHex)}, nil, nil, "the manifest names"},
 		{"base.json and manifest disagree", CheckpointArtifactType, map[string][]byte{"base.json": baseJSON(otherRoot)}, &baseDesc, map[string]string{BaseDigestAnnotation: m.Digest}, "the manifest names"},
 		{"block manifest for another base", CheckpointArtifactType, map[string][]byte{"base.json": baseJSON(otherRoot)}, &baseDesc, map[string]string{BaseDigestAnnotation: "sha256:" + otherRoot}, "block manifest is for base " + m.Digest},
+		{"base manifest with a layer that is not a block", CheckpointArtifactType, map[string][]byte{"base.json": baseJSON(rootHex)}, &baseDesc, map[string]string{BaseDigestAnnotation: m.Digest}, "which is not a block of the base"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ref := pushManifest(t, reg, strings.ReplaceAll(tc.name, " ", "-"), tc.artifactType, tc.layers, tc.subject, tc.annotations)

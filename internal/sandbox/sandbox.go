@@ -139,19 +139,17 @@ func (r *Runsc) Destroy(id string) {
 	}
 }
 
-// SandboxPID returns the PID of container id's sandbox process.
+// SandboxPID returns the PID of container id's sandbox process, from runsc's
+// state file.
 func (r *Runsc) SandboxPID(id string) (int, error) {
-	out, err := r.Exec("state", id)
+	st, err := r.stateFile(id)
 	if err != nil {
 		return 0, err
 	}
-	var st struct {
-		Pid int `json:"pid"`
+	if st.Sandbox.Pid <= 0 {
+		return 0, fmt.Errorf("container %s has no sandbox process (status %q)", id, st.Status)
 	}
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		return 0, fmt.Errorf("runsc state %s: %w", id, err)
-	}
-	return st.Pid, nil
+	return st.Sandbox.Pid, nil
 }
 
 // Cleanup destroys every container under r.Root and unmounts what runsc left
@@ -347,8 +345,8 @@ func (r *Runsc) GoferPID(id string) int {
 	return st.GoferPid
 }
 
-// StateFile is what the harness reads of a container's runsc state file.
-type StateFile struct {
+// stateFileInfo is what the harness reads of a container's runsc state file.
+type stateFileInfo struct {
 	Status   string `json:"status"`
 	GoferPid int    `json:"goferPid"`
 	Sandbox  struct {
@@ -358,8 +356,8 @@ type StateFile struct {
 
 // stateFile reads container id's state file under r.Root without running
 // runsc (so without its lock: a snapshot good for liveness checks).
-func (r *Runsc) stateFile(id string) (StateFile, error) {
-	var st StateFile
+func (r *Runsc) stateFile(id string) (stateFileInfo, error) {
+	var st stateFileInfo
 	matches, _ := filepath.Glob(filepath.Join(r.Root, "*_sandbox:"+id+".state"))
 	if len(matches) == 0 {
 		return st, fmt.Errorf("no state file for container %s under %s", id, r.Root)

@@ -2,10 +2,7 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forkvisor/forkvisor/internal/kvclient"
 	"github.com/forkvisor/forkvisor/internal/netns"
 	"github.com/forkvisor/forkvisor/internal/prereq"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
@@ -61,9 +59,11 @@ func TestNetworkClones(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitLine(t, srcOut, 0, "ready ")
-	src := kvClient{addr: srcNS.GuestIP}
-	src.set(t, "origin", "source")
-	if got := src.whoami(t); !strings.Contains(got, srcNS.GuestIP+"/24") {
+	src := kvclient.New(srcNS.GuestIP)
+	if err := src.Set("origin", "source"); err != nil {
+		t.Fatal(err)
+	}
+	if got := whoami(t, src); !strings.Contains(got, srcNS.GuestIP+"/24") {
 		t.Fatalf("source's addresses %q do not include %s", got, srcNS.GuestIP)
 	}
 	held, err := net.DialTimeout("tcp", net.JoinHostPort(srcNS.GuestIP, "9000"), 5*time.Second)
@@ -101,20 +101,22 @@ func TestNetworkClones(t *testing.T) {
 		}
 	}
 	for k := range clones {
-		c := kvClient{addr: nss[k].GuestIP}
-		if got := c.get(t, "origin"); got != "source" {
-			t.Errorf("clone %d: origin=%q, want the parked sandbox's %q", k, got, "source")
+		c := kvclient.New(nss[k].GuestIP)
+		if got, err := c.Get("origin"); err != nil || got != "source" {
+			t.Errorf("clone %d: origin=%q (%v), want the parked sandbox's %q", k, got, err, "source")
 		}
-		got := c.whoami(t)
+		got := whoami(t, c)
 		if !strings.Contains(got, nss[k].GuestIP+"/24") || strings.Contains(got, srcNS.GuestIP) {
 			t.Errorf("clone %d: addresses %q, want its own %s and not the parked sandbox's %s", k, got, nss[k].GuestIP, srcNS.GuestIP)
 		}
-		c.set(t, "mine", fmt.Sprintf("clone%d", k))
+		if err := c.Set("mine", fmt.Sprintf("clone%d", k)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for k := range clones {
-		c := kvClient{addr: nss[k].GuestIP}
-		if got, want := c.get(t, "mine"), fmt.Sprintf("clone%d", k); got != want {
-			t.Errorf("clone %d: mine=%q, want its own write %q", k, got, want)
+		got, err := kvclient.New(nss[k].GuestIP).Get("mine")
+		if want := fmt.Sprintf("clone%d", k); err != nil || got != want {
+			t.Errorf("clone %d: mine=%q (%v), want its own write %q", k, got, err, want)
 		}
 		// What the workload sees of the connection it held when parked:
 		// runsc closed it at the park (--allow-connected-on-save is off by default), and
@@ -136,47 +138,12 @@ func waitLine(t *testing.T, out string, from int, prefix string) string {
 	return l
 }
 
-// kvClient talks to the kvserver workload at addr, a new connection per
-// request.
-type kvClient struct{ addr string }
-
-func (c kvClient) do(t *testing.T, method, path string, q url.Values) (int, string) {
+// whoami returns the addresses of the kvserver that c talks to.
+func whoami(t *testing.T, c *kvclient.Client) string {
 	t.Helper()
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	req, err := http.NewRequest(method, "http://"+net.JoinHostPort(c.addr, "8080")+path+"?"+q.Encode(), nil)
+	got, err := c.Whoami()
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, req.URL, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, req.URL, err)
-	}
-	return resp.StatusCode, string(b)
-}
-
-func (c kvClient) set(t *testing.T, k, v string) {
-	t.Helper()
-	if code, body := c.do(t, "POST", "/set", url.Values{"k": {k}, "v": {v}}); code != http.StatusOK {
-		t.Fatalf("set %s=%s on %s: %d %s", k, v, c.addr, code, body)
-	}
-}
-
-func (c kvClient) get(t *testing.T, k string) string {
-	t.Helper()
-	code, body := c.do(t, "GET", "/get", url.Values{"k": {k}})
-	if code != http.StatusOK {
-		t.Fatalf("get %s on %s: %d %s", k, c.addr, code, body)
-	}
-	return body
-}
-
-func (c kvClient) whoami(t *testing.T) string {
-	t.Helper()
-	_, body := c.do(t, "GET", "/whoami", nil)
-	return body
+	return got
 }
