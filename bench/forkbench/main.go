@@ -94,6 +94,11 @@ type Result struct {
 	FirstRestoreMs   []float64 `json:"first_restore_ms"`    // per repeat: the first clone's (it learns the write set)
 	RestoreP50Ms     float64   `json:"restore_p50_ms"`      // over the clones after the first
 	RestoreMaxMs     float64   `json:"restore_max_ms"`
+	// RestoreCPUMs is, per clone after the first, the CPU time its sentry
+	// (the sandbox process, not its stubs) had used when its first tick
+	// appeared: the runtime's own work for the restore.
+	RestoreCPUMs    []float64 `json:"restore_cpu_ms,omitempty"`
+	RestoreCPUP50Ms float64   `json:"restore_cpu_p50_ms,omitempty"`
 
 	TotalPssMiB    float64   `json:"total_pss_mib"`  // all processes of all clones
 	SentryPssMiB   float64   `json:"sentry_pss_mib"` // sentries only
@@ -265,10 +270,12 @@ func mergeRuns(runs []Result) Result {
 	res := runs[len(runs)-1]
 	res.RestoreMs = nil
 	res.FirstRestoreMs = nil
+	res.RestoreCPUMs = nil
 	var ckpt, pss, sentry, rss []float64
 	for _, r := range runs {
 		res.RestoreMs = append(res.RestoreMs, r.RestoreMs...)
 		res.FirstRestoreMs = append(res.FirstRestoreMs, r.FirstRestoreMs...)
+		res.RestoreCPUMs = append(res.RestoreCPUMs, r.RestoreCPUMs...)
 		ckpt = append(ckpt, r.CheckpointMs)
 		pss = append(pss, r.TotalPssMiB)
 		sentry = append(sentry, r.SentryPssMiB)
@@ -279,6 +286,7 @@ func mergeRuns(runs []Result) Result {
 	res.PerClonePssMiB = res.TotalPssMiB / float64(res.Clones)
 	res.PssSamplesMiB = pss
 	res.RestoreP50Ms, res.RestoreMaxMs = median(res.RestoreMs), maxOf(res.RestoreMs)
+	res.RestoreCPUP50Ms = median(res.RestoreCPUMs)
 	res.Repeats = len(runs)
 	return res
 }
@@ -337,11 +345,17 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 			}
 		} else {
 			res.RestoreMs = append(res.RestoreMs, ms(took))
+			if cpu, err := r.SentryCPU(id); err == nil {
+				res.RestoreCPUMs = append(res.RestoreCPUMs, ms(cpu))
+			} else {
+				fmt.Fprintf(os.Stderr, "forkbench: %v\n", err)
+			}
 		}
 		ids = append(ids, id)
 		outs = append(outs, out)
 	}
 	res.RestoreP50Ms, res.RestoreMaxMs = median(res.RestoreMs), maxOf(res.RestoreMs)
+	res.RestoreCPUP50Ms = median(res.RestoreCPUMs)
 
 	// Let every clone read its whole heap, then measure.
 	for _, out := range outs {
@@ -384,15 +398,15 @@ func printTable(results []Result) {
 	if len(results) == 0 {
 		return
 	}
-	fmt.Printf("\n%-10s %-11s %5s %6s %8s %10s %12s %9s %8s %8s %10s %10s %9s\n",
-		"scenario", "runtime", "heap", "clones", "ckpt_ms", "image_MiB", "img-base_MiB", "first_ms", "rst_p50", "rst_max", "total_Pss", "sentry_Pss", "Pss/clone")
+	fmt.Printf("\n%-10s %-11s %5s %6s %8s %10s %12s %9s %8s %8s %8s %10s %10s %9s\n",
+		"scenario", "runtime", "heap", "clones", "ckpt_ms", "image_MiB", "img-base_MiB", "first_ms", "rst_p50", "rst_max", "rst_cpu", "total_Pss", "sentry_Pss", "Pss/clone")
 	for _, r := range results {
 		if r.Scenario == "layers" || r.Scenario == "layers-dirty" {
 			continue
 		}
-		fmt.Printf("%-10s %-11s %5d %6d %8.0f %10.1f %12.1f %9.0f %8.0f %8.0f %10.1f %10.1f %9.1f\n",
+		fmt.Printf("%-10s %-11s %5d %6d %8.0f %10.1f %12.1f %9.0f %8.0f %8.0f %8.0f %10.1f %10.1f %9.1f\n",
 			r.Scenario, r.Runtime, r.HeapMiB, r.Clones, r.CheckpointMs, mib(r.ImageBytes), mib(r.ImageBytesNoBase),
-			median(r.FirstRestoreMs), r.RestoreP50Ms, r.RestoreMaxMs, r.TotalPssMiB, r.SentryPssMiB, r.PerClonePssMiB)
+			median(r.FirstRestoreMs), r.RestoreP50Ms, r.RestoreMaxMs, r.RestoreCPUP50Ms, r.TotalPssMiB, r.SentryPssMiB, r.PerClonePssMiB)
 	}
 	haveLayers := false
 	for _, r := range results {

@@ -152,6 +152,49 @@ func (r *Runsc) SandboxPID(id string) (int, error) {
 	return st.Sandbox.Pid, nil
 }
 
+// SentryCPU returns the CPU time (user and system) that container id's
+// sandbox process (the sentry) has used so far. Its systrap stubs, which run
+// the application, are separate processes and not included.
+func (r *Runsc) SentryCPU(id string) (time.Duration, error) {
+	pid, err := r.SandboxPID(id)
+	if err != nil {
+		return 0, err
+	}
+	return processCPU(pid)
+}
+
+// clockTicksPerSecond is USER_HZ, the unit of /proc/PID/stat's times; Linux
+// reports it as 100 on every architecture.
+const clockTicksPerSecond = 100
+
+// processCPU returns utime+stime of process pid from /proc/pid/stat.
+func processCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; fields after it start at
+	// the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name in %q", pid, b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command name", pid, len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicksPerSecond, nil
+}
+
 // Cleanup destroys every container under r.Root and unmounts what runsc left
 // mounted there (e.g. the nsfs bind mount for --network=none), so that the
 // root directory can be removed.
