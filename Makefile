@@ -10,9 +10,9 @@ GO ?= go
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath
 UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvisor@$(PIN) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
-FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/ ./runsc/config/ ./pkg/shim/v1/runsc/ ./pkg/shim/v1/proc/ ./runsc/boot/filter/config/ ./runsc/sandbox/
+FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/ ./runsc/config/ ./pkg/shim/v1/runsc/ ./pkg/shim/v1/proc/ ./runsc/boot/filter/config/ ./runsc/sandbox/ ./runsc/filestoreadopt/
 
-.PHONY: oci setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe kvserver clone-probe shim test test-fork test-harness vet demo flatten-table bench clean
+.PHONY: oci setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe kvserver clone-probe shim test test-fork test-harness vet demo flatten-table bench faults fuzz clean
 
 all: runsc runsc-upstream tick cloneprobe kvserver shim oci
 
@@ -94,6 +94,18 @@ vet:
 # test skipped (outside CI; under CI=true a missing prerequisite fails).
 test-fork: $(TREE)/go.mod
 	cd $(TREE) && $(GO) test -count=1 -timeout 20m $(FORK_TEST_PKGS)
+	$(MAKE) fuzz FUZZTIME=5s
+
+# Fuzz the decoders of the fork's formats (the seeds also run in test-fork
+# as plain tests); make test runs each for 5 s, FUZZTIME sets longer.
+FUZZTIME ?= 60s
+FUZZ_TARGETS := pkg/sentry/pgalloc:FuzzDecodeSharedBaseSection pkg/sentry/pgalloc:FuzzDecodeExternalContentSection pkg/sentry/pgalloc:FuzzDecodeWriteSet runsc/sharedbase:FuzzParseDescriptor runsc/filestoreadopt:FuzzParseManifest
+fuzz: $(TREE)/go.mod
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($(FUZZTIME))"; \
+		if ! (cd $(TREE) && $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*}/ > $(CURDIR)/build/fuzz.log 2>&1); then \
+			cat build/fuzz.log; exit 1; fi; tail -1 build/fuzz.log; \
+	done
 
 test-harness: $(TREE)/go.mod
 	$(GO) test -count=1 -timeout 45m -v ./... 2>&1 | tools/test-summary.sh
@@ -113,6 +125,13 @@ demo: setup all
 
 # Every benchmark: 8 x 256 MiB clones, 2 x 2 GiB clones, re-park of a clone,
 # and the pgalloc flatten table.
+# The fault matrix, long: tampered images and killed checkpoints, with
+# FAULT_TRIALS trials per case (make test runs 3); prints one summary line
+# per case. FAULT_SEED=N replays a run.
+FAULT_TRIALS ?= 25
+faults: setup all
+	FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 80m -v -run 'TestTamperedImageRefused|TestKilledSharedBaseCheckpoint|TestFilestoreKilledCheckpoint' ./test/e2e/ 2>&1 | tee build/faults.log | grep -E 'fault summary|FAULT_SEED|^(--- |ok|FAIL)'
+
 bench: setup all flatten-table
 	$(GO) run ./bench/forkbench -repeat 3 -json bench/out/forkbench.json
 	$(GO) run ./bench/plot bench/out/forkbench.json

@@ -213,7 +213,7 @@ func TestSharedBaseRefusesBadBase(t *testing.T) {
 	if err := os.MkdirAll(noBase, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img", "base.json"} {
+	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img", "base.json", "files.json"} {
 		sparseCopy(t, filepath.Join(p.image, name), filepath.Join(noBase, name))
 	}
 	// copies returns the path of a copy of base.img, in its own directory
