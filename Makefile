@@ -94,11 +94,12 @@ vet:
 # test skipped (outside CI; under CI=true a missing prerequisite fails).
 test-fork: $(TREE)/go.mod
 	cd $(TREE) && $(GO) test -count=1 -timeout 20m $(FORK_TEST_PKGS)
-	$(MAKE) fuzz FUZZTIME=5s
+	$(MAKE) fuzz FUZZTIME=20000x
 
 # Fuzz the decoders of the fork's formats (the seeds also run in test-fork
-# as plain tests); make test runs each for 5 s, FUZZTIME sets longer.
-FUZZTIME ?= 60s
+# as plain tests); make test runs 20000 inputs each, FUZZTIME (a count, Nx,
+# or a duration) sets more.
+FUZZTIME ?= 1000000x
 FUZZ_TARGETS := pkg/sentry/pgalloc:FuzzDecodeSharedBaseSection pkg/sentry/pgalloc:FuzzDecodeExternalContentSection pkg/sentry/pgalloc:FuzzDecodeWriteSet runsc/sharedbase:FuzzParseDescriptor runsc/filestoreadopt:FuzzParseManifest
 fuzz: $(TREE)/go.mod
 	@set -e; for t in $(FUZZ_TARGETS); do \
