@@ -60,7 +60,7 @@ func TestBaseStore(t *testing.T) {
 	if err := os.MkdirAll(noBase, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img", "base.json"} {
+	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img", "base.json", "files.json"} {
 		sparseCopy(t, filepath.Join(moved, name), filepath.Join(noBase, name))
 	}
 	p.restoreClone(t, "from-store", noBase, p.lastTick)
