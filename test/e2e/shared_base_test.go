@@ -334,6 +334,12 @@ func flipFirstDataByte(t *testing.T, path string) int64 {
 // flipByteAt inverts the byte at off in path.
 func flipByteAt(t *testing.T, path string, off int64) {
 	t.Helper()
+	xorByteAt(t, path, off, 0xff)
+}
+
+// xorByteAt flips the bits of mask in the byte at off in path, in place.
+func xorByteAt(t *testing.T, path string, off int64, mask byte) {
+	t.Helper()
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -343,7 +349,7 @@ func flipByteAt(t *testing.T, path string, off int64) {
 	if _, err := f.ReadAt(b[:], off); err != nil {
 		t.Fatal(err)
 	}
-	b[0] = ^b[0]
+	b[0] ^= mask
 	if _, err := f.WriteAt(b[:], off); err != nil {
 		t.Fatal(err)
 	}

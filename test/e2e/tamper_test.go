@@ -73,19 +73,7 @@ func flipRandomBit(t *testing.T, rng *rand.Rand, path string) int64 {
 		t.Fatalf("%s is empty: nothing to tamper with", path)
 	}
 	off := rng.Int63n(st.Size())
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var b [1]byte
-	if _, err := f.ReadAt(b[:], off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 1 << rng.Intn(8)
-	if _, err := f.WriteAt(b[:], off); err != nil {
-		t.Fatal(err)
-	}
+	xorByteAt(t, path, off, 1<<rng.Intn(8))
 	return off
 }
 
