@@ -100,7 +100,7 @@ test-fork: $(TREE)/go.mod
 # as plain tests); make test runs 20000 inputs each, FUZZTIME (a count, Nx,
 # or a duration) sets more.
 FUZZTIME ?= 1000000x
-FUZZ_TARGETS := pkg/sentry/pgalloc:FuzzDecodeSharedBaseSection pkg/sentry/pgalloc:FuzzDecodeExternalContentSection pkg/sentry/pgalloc:FuzzDecodeWriteSet runsc/sharedbase:FuzzParseDescriptor runsc/filestoreadopt:FuzzParseManifest
+FUZZ_TARGETS := pkg/sentry/pgalloc:FuzzDecodeSharedBaseSection pkg/sentry/pgalloc:FuzzDecodeExternalContentSection pkg/sentry/pgalloc:FuzzDecodeWriteSet runsc/sharedbase:FuzzParseDescriptor runsc/filestoreadopt:FuzzParseManifest runsc/sharedbase:FuzzParseImageFiles
 fuzz: $(TREE)/go.mod
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} ($(FUZZTIME))"; \

@@ -101,52 +101,72 @@ func TestCheckpointOutOfSpace(t *testing.T) {
 }
 
 // TestCheckpointFinishFailureKeepsImage makes a --shared-base checkpoint
-// fail after the sandbox was saved (base.json cannot be written: its
-// temporary name is taken by a directory). The sandbox has exited, so the
-// image is its only copy: the error must say that it was saved and that
-// nothing was removed, the unfinished image must be refused by a restore,
-// and `runsc bases link` must finish it, after which it restores intact.
+// fail after the sandbox was saved, at two points: files.json cannot be
+// written (before the base is published), or base.json cannot (after it
+// went into the store); each by a directory that takes the file's temporary
+// name. The sandbox has exited, so the image is its only copy: the error
+// must say that it was saved and nothing was removed, the unfinished image
+// must be refused by a restore, and the commands the error names must
+// finish it, after which it restores intact.
 func TestCheckpointFinishFailureKeepsImage(t *testing.T) {
-	src := startSource(t, "runsc", 32)
-	image := filepath.Join(src.dir, "image")
-	blocker := filepath.Join(image, ".base.json.tmp")
-	if err := os.MkdirAll(blocker, 0o755); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name, blocked string
+		// importBase: the base did not reach the store and must be
+		// imported first.
+		importBase bool
+	}{
+		{"files.json", ".files.json.tmp", true},
+		{"base.json", ".base.json.tmp", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := startSource(t, "runsc", 32)
+			image := filepath.Join(src.dir, "image")
+			blocker := filepath.Join(image, tc.blocked)
+			if err := os.MkdirAll(blocker, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			err := src.r.Checkpoint("source", image, "--shared-base")
+			if err == nil {
+				t.Fatalf("checkpoint succeeded although %s could not be written", tc.name)
+			}
+			msg := lastLine(err.Error())
+			for _, want := range []string{"the sandbox was saved, but finishing its image failed", "nothing was removed", "runsc bases import sha256:", "runsc bases link sha256:"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("checkpoint error %q does not say %q", msg, want)
+				}
+			}
+			digest := msg[strings.Index(msg, "runsc bases link ")+len("runsc bases link "):]
+			digest = digest[:strings.IndexByte(digest, ' ')]
+			last := lastTick(t, src.out).N
+			src.r.Destroy("source")
+			for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img", "base.img"} {
+				if _, err := os.Stat(filepath.Join(image, name)); err != nil {
+					t.Errorf("the failed checkpoint did not keep %s: %v", name, err)
+				}
+			}
+			p := &parked{r: src.r, dir: src.dir, bundle: src.bundle, image: image, lastTick: last}
+			if err := p.r.Restore(p.bundle, "unfinished", image, filepath.Join(p.dir, "unfinished.out")); err == nil {
+				t.Fatal("an unfinished image was restored")
+			} else {
+				t.Logf("unfinished image refused: %v", lastLine(err.Error()))
+			}
+			if err := os.Remove(blocker); err != nil {
+				t.Fatal(err)
+			}
+			if tc.importBase {
+				base := filepath.Join(image, "base.img")
+				if err := os.Chmod(base, 0o444); err != nil {
+					t.Fatal(err)
+				}
+				if out, err := p.r.Exec("bases", "import", digest, base); err != nil {
+					t.Fatalf("bases import: %v: %s", err, out)
+				}
+			}
+			if out, err := p.r.Exec("bases", "link", digest, image); err != nil {
+				t.Fatalf("bases link: %v: %s", err, out)
+			}
+			out := p.restoreClone(t, "finished", image, last)
+			waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= last+32/4+1 })
+		})
 	}
-	err := src.r.Checkpoint("source", image, "--shared-base")
-	if err == nil {
-		t.Fatal("checkpoint succeeded although base.json could not be written")
-	}
-	for _, want := range []string{"the sandbox was saved, but finishing its image failed", "nothing was removed", "runsc bases import"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("checkpoint error %q does not say %q", lastLine(err.Error()), want)
-		}
-	}
-	last := lastTick(t, src.out).N
-	src.r.Destroy("source")
-	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img", "files.json", "base.img"} {
-		if _, err := os.Stat(filepath.Join(image, name)); err != nil {
-			t.Errorf("the failed checkpoint did not keep %s: %v", name, err)
-		}
-	}
-	p := &parked{r: src.r, dir: src.dir, bundle: src.bundle, image: image, lastTick: last}
-	if err := p.r.Restore(p.bundle, "unfinished", image, filepath.Join(p.dir, "unfinished.out")); err == nil {
-		t.Fatal("an image without its publish record was restored")
-	} else {
-		t.Logf("unfinished image refused: %v", lastLine(err.Error()))
-	}
-	// The base reached the store before base.json failed: link it into the
-	// image, which writes the store's publish record there.
-	bases := listBases(t, p)
-	if len(bases) != 1 {
-		t.Fatalf("the base store holds %d bases, want the checkpoint's 1", len(bases))
-	}
-	if err := os.Remove(blocker); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := p.r.Exec("bases", "link", bases[0].Digest, image); err != nil {
-		t.Fatalf("bases link: %v: %s", err, out)
-	}
-	out := p.restoreClone(t, "finished", image, last)
-	waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= last+32/4+1 })
 }

@@ -98,14 +98,26 @@ func TestTamperedImageRefused(t *testing.T) {
 	p.r.Destroy("writer")
 	rng := faultRand(t)
 	trials := faultTrials(t)
-	refused := func(t *testing.T, id, image string) {
+	// refused restores image, in which file was tampered with, and
+	// requires a refusal by runsc before the sandbox got the image: an
+	// error that names the file, files.json or the base's digest, and no
+	// output from the workload.
+	refused := func(t *testing.T, id, image, file string) {
 		t.Helper()
-		err := p.r.Restore(p.bundle, id, image, filepath.Join(p.dir, id+".out"))
+		out := filepath.Join(p.dir, id+".out")
+		err := p.r.Restore(p.bundle, id, image, out)
 		if err == nil {
 			p.r.Destroy(id)
 			t.Fatalf("restore of a tampered image started")
 		}
-		t.Logf("refused: %v", lastLine(err.Error()))
+		msg := lastLine(err.Error())
+		t.Logf("refused: %v", msg)
+		if !strings.Contains(msg, file) && !strings.Contains(msg, "files.json") && !strings.Contains(msg, "content digest") {
+			t.Errorf("the refusal names neither %s, files.json nor the base's digest: %s", file, msg)
+		}
+		if lines := sandbox.Lines(out); len(lines) != 0 {
+			t.Errorf("the workload of a refused restore printed %q", lines)
+		}
 		if out, _ := p.r.Exec("list", "-quiet"); strings.Contains(out, id) {
 			t.Errorf("refused restore left container %s behind", id)
 		}
@@ -124,7 +136,7 @@ func TestTamperedImageRefused(t *testing.T) {
 				dir := copyImage(t, tc.image, fmt.Sprintf("image%d", i))
 				off := flipRandomBit(t, rng, filepath.Join(dir, tc.file))
 				t.Logf("trial %d: bit flipped at offset %d of %s", i, off, tc.file)
-				refused(t, fmt.Sprintf("tampered-%s-%d", strings.ReplaceAll(tc.name, " ", "-"), i), dir)
+				refused(t, fmt.Sprintf("tampered-%s-%d", strings.ReplaceAll(tc.name, " ", "-"), i), dir, tc.file)
 			}
 			if !t.Failed() {
 				t.Logf("fault summary: bit flip in %s (%s): %d trials, all refused", tc.file, tc.name, trials)
@@ -139,7 +151,7 @@ func TestTamperedImageRefused(t *testing.T) {
 			p.r.Destroy(fmt.Sprintf("verified-%d", i))
 			off := flipRandomBit(t, rng, filepath.Join(dir, "base.img"))
 			t.Logf("trial %d: bit flipped at offset %d of the verified base.img", i, off)
-			refused(t, fmt.Sprintf("tampered-verified-%d", i), dir)
+			refused(t, fmt.Sprintf("tampered-verified-%d", i), dir, "base.img")
 		}
 		if !t.Failed() {
 			t.Logf("fault summary: bit flip in base.img verified on this host: %d trials, all refused", trials)
