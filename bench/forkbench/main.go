@@ -62,6 +62,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/forkvisor/forkvisor/internal/memstat"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
@@ -105,6 +106,9 @@ type Result struct {
 	TotalRssMiB    float64   `json:"total_rss_mib"`
 	PerClonePssMiB float64   `json:"per_clone_pss_mib"`
 	PssSamplesMiB  []float64 `json:"pss_samples_mib,omitempty"` // total Pss of each repeat
+	// PssByKindMiB is the total Pss by kind of memory (memstat.Kind*:
+	// guest memory file, base, platform, anon, file) of the last repeat.
+	PssByKindMiB map[string]float64 `json:"pss_by_kind_mib,omitempty"`
 
 	LayerMiB      int   `json:"layer_mib,omitempty"`
 	Repeats       int   `json:"repeats,omitempty"`        // park_ms and restore p50 are medians over this many runs
@@ -377,6 +381,12 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 	res.TotalRssMiB = float64(all.Rss) / 1024
 	res.SentryPssMiB = float64(sentries.Pss) / 1024
 	res.PerClonePssMiB = res.TotalPssMiB / float64(sc.n)
+	byKind, err := r.MemoryByKind(ids...)
+	must(err)
+	res.PssByKindMiB = map[string]float64{}
+	for k, v := range byKind {
+		res.PssByKindMiB[k] = float64(v) / 1024
+	}
 
 	var reparkRes *Result
 	if repark {
@@ -407,6 +417,20 @@ func printTable(results []Result) {
 		fmt.Printf("%-10s %-11s %5d %6d %8.0f %10.1f %12.1f %9.0f %8.0f %8.0f %8.0f %10.1f %10.1f %9.1f\n",
 			r.Scenario, r.Runtime, r.HeapMiB, r.Clones, r.CheckpointMs, mib(r.ImageBytes), mib(r.ImageBytesNoBase),
 			median(r.FirstRestoreMs), r.RestoreP50Ms, r.RestoreMaxMs, r.RestoreCPUP50Ms, r.TotalPssMiB, r.SentryPssMiB, r.PerClonePssMiB)
+	}
+	haveKinds := false
+	for _, r := range results {
+		if len(r.PssByKindMiB) == 0 {
+			continue
+		}
+		if !haveKinds {
+			fmt.Printf("\n%-10s %-11s %10s %10s %10s %10s %10s  (total Pss by kind, MiB, last repeat)\n", "scenario", "runtime",
+				memstat.KindGuest, memstat.KindBase, memstat.KindPlatform, memstat.KindAnon, memstat.KindFile)
+			haveKinds = true
+		}
+		k := r.PssByKindMiB
+		fmt.Printf("%-10s %-11s %10.1f %10.1f %10.1f %10.1f %10.1f\n", r.Scenario, r.Runtime,
+			k[memstat.KindGuest], k[memstat.KindBase], k[memstat.KindPlatform], k[memstat.KindAnon], k[memstat.KindFile])
 	}
 	haveLayers := false
 	for _, r := range results {

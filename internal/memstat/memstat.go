@@ -133,6 +133,17 @@ type Sandbox struct {
 	All, Sentry Usage
 }
 
+// SandboxPIDs returns the processes of the sandbox whose sentry is
+// sentryPID and whose gofer is goferPID (0 if none): both and their
+// descendants (the systrap stubs).
+func SandboxPIDs(sentryPID, goferPID int) []int {
+	pids := Descendants(sentryPID)
+	if goferPID > 0 {
+		pids = append(pids, Descendants(goferPID)...)
+	}
+	return pids
+}
+
 // OfSandbox measures the sandbox whose sentry is sentryPID and whose gofer
 // is goferPID (0 if none).
 func OfSandbox(sentryPID, goferPID int) (Sandbox, error) {
@@ -140,13 +151,117 @@ func OfSandbox(sentryPID, goferPID int) (Sandbox, error) {
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("sentry %d: %w", sentryPID, err)
 	}
-	pids := Descendants(sentryPID)
-	if goferPID > 0 {
-		pids = append(pids, Descendants(goferPID)...)
-	}
-	all, err := Processes(pids)
+	all, err := Processes(SandboxPIDs(sentryPID, goferPID))
 	if err != nil {
 		return Sandbox{}, err
 	}
 	return Sandbox{All: all, Sentry: sentry}, nil
+}
+
+// Kinds of memory that Breakdown tells apart, by what a mapping maps.
+const (
+	// KindGuest is the sentry's main MemoryFile (memfd "runsc-memory"):
+	// the guest's private pages, mapped by the sentry and the stubs.
+	KindGuest = "guest"
+	// KindBase is a shared base (a file named base.img), mapped read-only
+	// by the sentry and the stubs of every clone over it.
+	KindBase = "base"
+	// KindPlatform is systrap's own memory file (memfd "systrap-memory").
+	KindPlatform = "platform"
+	// KindAnon is anonymous memory: the Go heap, stacks, [heap].
+	KindAnon = "anon"
+	// KindFile is any other file mapping (binaries, libraries).
+	KindFile = "file"
+)
+
+// mappingKind classifies a mapping by the pathname field of its smaps header.
+func mappingKind(path string) string {
+	switch {
+	case path == "" || strings.HasPrefix(path, "[") && path != "[vdso]" && path != "[vvar]" && path != "[vsyscall]":
+		return KindAnon
+	case strings.HasPrefix(path, "/memfd:runsc-memory"):
+		return KindGuest
+	case strings.HasPrefix(path, "/memfd:systrap-memory"):
+		return KindPlatform
+	case strings.HasPrefix(path, "/memfd:"):
+		return KindAnon
+	case filepath.Base(strings.TrimSuffix(path, " (deleted)")) == "base.img":
+		return KindBase
+	default:
+		return KindFile
+	}
+}
+
+// parseSmaps adds the Pss, in KiB, of every mapping in the /proc/PID/smaps
+// text s to byKind, keyed by mappingKind.
+func parseSmaps(s *bufio.Scanner, byKind map[string]uint64) error {
+	kind := ""
+	for s.Scan() {
+		line := s.Text()
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		// A mapping's header starts with its address range; its
+		// attributes are "Name: value [kB]".
+		if !strings.HasSuffix(fields[0], ":") {
+			if len(fields) < 5 {
+				return fmt.Errorf("malformed smaps header %q", line)
+			}
+			path := ""
+			if len(fields) > 5 {
+				// The pathname may contain spaces.
+				path = strings.Join(fields[5:], " ")
+			}
+			kind = mappingKind(path)
+			continue
+		}
+		if fields[0] != "Pss:" || len(fields) < 2 {
+			continue
+		}
+		if kind == "" {
+			return fmt.Errorf("smaps attribute %q before any mapping", line)
+		}
+		v, err := strconv.ParseUint(fields[1], 10, 64)
+		if err != nil {
+			return fmt.Errorf("smaps line %q: %w", line, err)
+		}
+		byKind[kind] += v
+	}
+	return s.Err()
+}
+
+// Breakdown returns the Pss, in KiB, of pids by kind of memory (KindGuest,
+// KindBase, KindPlatform, KindAnon, KindFile), counting each address space
+// once. Processes that exit while it reads are left out.
+func Breakdown(pids []int) (map[string]uint64, error) {
+	byKind := map[string]uint64{}
+	var seen []int
+	for _, pid := range pids {
+		dup := false
+		for _, s := range seen {
+			if sameAddressSpace(pid, s) {
+				dup = true
+				break
+			}
+		}
+		if dup {
+			continue
+		}
+		f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+		if err != nil {
+			continue
+		}
+		perPID := map[string]uint64{}
+		err = parseSmaps(bufio.NewScanner(f), perPID)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("/proc/%d/smaps: %w", pid, err)
+		}
+		seen = append(seen, pid)
+		for k, v := range perPID {
+			byKind[k] += v
+		}
+	}
+	return byKind, nil
 }

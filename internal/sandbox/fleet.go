@@ -30,6 +30,27 @@ func (r *Runsc) Memory(ids ...string) (all, sentries memstat.Usage, err error) {
 	return all, sentries, nil
 }
 
+// MemoryByKind returns the total Pss, in KiB, of containers ids (each its
+// own sandbox; all their processes, each address space once) by kind of
+// memory (memstat.KindGuest, KindBase, ...).
+func (r *Runsc) MemoryByKind(ids ...string) (map[string]uint64, error) {
+	total := map[string]uint64{}
+	for _, id := range ids {
+		pid, err := r.SandboxPID(id)
+		if err != nil {
+			return nil, err
+		}
+		byKind, err := memstat.Breakdown(memstat.SandboxPIDs(pid, r.GoferPID(id)))
+		if err != nil {
+			return nil, fmt.Errorf("container %s: %w", id, err)
+		}
+		for k, v := range byKind {
+			total[k] += v
+		}
+	}
+	return total, nil
+}
+
 // writeSetMagic starts a complete base write set (pgalloc's encoding); the
 // restore that learns it creates the file empty and writes it whole.
 var writeSetMagic = []byte("GVWRSET\x00")
