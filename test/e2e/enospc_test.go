@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -168,5 +170,134 @@ func TestCheckpointFinishFailureKeepsImage(t *testing.T) {
 			out := p.restoreClone(t, "finished", image, last)
 			waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= last+32/4+1 })
 		})
+	}
+}
+
+// fillFS allocates every free block of the filesystem holding dir to a new
+// file, until the filesystem answers ENOSPC, and returns a function that
+// frees them again.
+func fillFS(t *testing.T, dir string) (free func()) {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var off int64
+	for chunk := int64(1 << 30); chunk >= 4096; {
+		if err := unix.Fallocate(int(f.Fd()), 0, off, chunk); err != nil {
+			if err != unix.ENOSPC {
+				t.Fatalf("fallocate %s: %v", path, err)
+			}
+			chunk /= 2
+			continue
+		}
+		off += chunk
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("filled %s: %d MiB allocated, %d blocks left", dir, off>>20, st.Bavail)
+	return func() {
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fillInodes creates empty files in dir until the filesystem has no inode
+// left (ENOSPC), and returns a function that removes them.
+func fillInodes(t *testing.T, dir string) (free func()) {
+	t.Helper()
+	fill := filepath.Join(dir, "inode-filler")
+	if err := os.Mkdir(fill, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for ; ; n++ {
+		f, err := os.Create(filepath.Join(fill, fmt.Sprint(n)))
+		if errors.Is(err, unix.ENOSPC) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		if n > 1<<20 {
+			t.Fatalf("created %d files in %s without running out of space", n, fill)
+		}
+	}
+	t.Logf("filled %s: %d more files until ENOSPC", dir, n)
+	return func() {
+		if err := os.RemoveAll(fill); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFilestoreSnapshotOutOfSpace parks sandboxes whose layer lives on a full
+// filesystem, with the snapshot directory on it (where reflinks must go).
+// With every data block taken, a snapshot still succeeds: a reflink shares
+// the layer's blocks and needs none of its own. With the inodes gone too,
+// the checkpoint fails before pausing the sandbox, with an error naming the
+// snapshot directory and the lack of space; it leaves no image and no
+// snapshot file, and the source keeps running, with or without
+// --leave-running. Once there is room again, both snapshots (the one taken
+// on the full filesystem and a new park of a source that kept running) are
+// adopted with layer and heap intact.
+func TestFilestoreSnapshotOutOfSpace(t *testing.T) {
+	e := newLayerEnvOn(t, 16, 512<<20)
+	ids := []string{"leave-running", "plain"}
+	outs := map[string]string{}
+	for _, id := range ids {
+		outs[id] = e.start(t, id)
+	}
+	freeBlocks := fillFS(t, e.dir)
+	fullImage, fullSnap := filepath.Join(t.TempDir(), "image"), filepath.Join(e.dir, "full-snap")
+	if err := e.r.Checkpoint("leave-running", fullImage, "--skip-filestore-pages", "--filestore-snapshot-dir="+fullSnap, "--leave-running"); err != nil {
+		t.Fatalf("snapshot with no free data block: %v; a reflink needs none", err)
+	}
+	freeInodes := fillInodes(t, e.dir)
+	for _, id := range ids {
+		image := filepath.Join(t.TempDir(), "image")
+		snap := filepath.Join(e.dir, id+"-snap")
+		flags := []string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}
+		if id == "leave-running" {
+			flags = append(flags, "--leave-running")
+		}
+		err := e.r.Checkpoint(id, image, flags...)
+		if err == nil {
+			t.Fatalf("%s: checkpoint with its snapshot directory on a full filesystem succeeded", id)
+		}
+		t.Logf("%s: checkpoint: %v", id, err)
+		if msg := err.Error(); !strings.Contains(msg, "no space left on device") || !strings.Contains(msg, snap) {
+			t.Errorf("%s: checkpoint error %q; want it to name %s and the lack of space", id, msg, snap)
+		}
+		if entries, err := os.ReadDir(snap); !os.IsNotExist(err) && len(entries) != 0 {
+			names := []string{}
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			t.Errorf("%s: the failed checkpoint left %v in %s", id, names, snap)
+		}
+		if _, err := os.Stat(image); !os.IsNotExist(err) {
+			t.Errorf("%s: the failed checkpoint left its image directory %s (%v)", id, image, err)
+		}
+	}
+	freeInodes()
+	freeBlocks()
+	// Both sources still run with their layer and heap: the failure came
+	// before the pause, so even the plain checkpoint left its source as it
+	// was. The one run with --leave-running parks now that there is room.
+	for _, id := range ids {
+		fullCheck(t, outs[id], 16)
+	}
+	image, snap := e.park(t, "leave-running", "after-enospc")
+	e.r.Destroy("leave-running")
+	for id, s := range map[string][2]string{"adopted-full": {fullImage, fullSnap}, "adopted-after": {image, snap}} {
+		out, _ := e.adopt(t, id, s[0], s[1])
+		fullCheck(t, out, 16)
 	}
 }

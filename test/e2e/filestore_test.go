@@ -30,11 +30,17 @@ type layerEnv struct {
 
 func newLayerEnv(t *testing.T, fileMiB int) *layerEnv {
 	t.Helper()
+	return newLayerEnvOn(t, fileMiB, 8<<30)
+}
+
+// newLayerEnvOn is newLayerEnv on an XFS of fsBytes.
+func newLayerEnvOn(t *testing.T, fileMiB int, fsBytes int64) *layerEnv {
+	t.Helper()
 	bin := binary(t, "runsc")
 	if why := xfs.Available(); why != "" {
 		prereq.Missing(t, "%s", why)
 	}
-	fs, err := xfs.Mount(t.TempDir(), 8<<30)
+	fs, err := xfs.Mount(t.TempDir(), fsBytes)
 	if err != nil {
 		t.Fatal(err)
 	}

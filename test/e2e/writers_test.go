@@ -24,6 +24,9 @@ func fleetPss(t *testing.T, r *sandbox.Runsc, ids []string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if byKind, err := r.MemoryByKind(ids...); err == nil {
+		t.Logf("%s: total Pss by kind (KiB): %v", filepath.Base(r.Bin), byKind)
+	}
 	return float64(all.Pss) / 1024
 }
 
