@@ -210,11 +210,11 @@ func (r *Runsc) Cleanup() {
 	UnmountUnder(r.Root)
 }
 
-// KillByArg sends SIGKILL to every process that has an argument equal to s,
-// of the form --flag=s, or naming a path below s (s/...), and waits briefly
-// for them to exit. A substring never matches: /tmp/a/root does not match a
-// process of /tmp/a/root2.
-func KillByArg(s string) {
+// PIDsByArg returns every process, other than this one, that has an
+// argument equal to s, of the form --flag=s, or naming a path below s
+// (s/...). A substring never matches: /tmp/a/root does not match a process
+// of /tmp/a/root2.
+func PIDsByArg(s string) []int {
 	self := os.Getpid()
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
@@ -227,8 +227,17 @@ func KillByArg(s string) {
 		if err != nil || !hasArg(cmdline, s) {
 			continue
 		}
-		unix.Kill(pid, unix.SIGKILL)
 		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// KillByArg sends SIGKILL to every process that PIDsByArg(s) returns, and
+// waits briefly for them to exit.
+func KillByArg(s string) {
+	pids := PIDsByArg(s)
+	for _, pid := range pids {
+		unix.Kill(pid, unix.SIGKILL)
 	}
 	for i := 0; i < 50 && len(pids) > 0; i++ {
 		alive := pids[:0]
