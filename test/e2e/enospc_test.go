@@ -301,3 +301,27 @@ func TestFilestoreSnapshotOutOfSpace(t *testing.T) {
 		fullCheck(t, out, 16)
 	}
 }
+
+// TestBaseStoreOutOfSpace parks a sandbox whose node base store lives on a
+// filesystem too small for its base: the sandbox is saved and its base
+// published, so the checkpoint succeeds with the image keeping its own
+// base.img (self-contained, as without a store), and the store is left
+// empty. Clones restore from the image with their heap intact.
+func TestBaseStoreOutOfSpace(t *testing.T) {
+	src := startSource(t, "runsc", 64)
+	src.r.BaseStore = smallFS(t, "16m")
+	p := src.park(t, filepath.Join(src.dir, "image"), "--shared-base")
+	st, err := os.Stat(filepath.Join(p.image, "base.img"))
+	if err != nil {
+		t.Fatalf("the image has no base.img of its own after the store could not take it: %v", err)
+	}
+	if st.Mode().Perm()&0o222 != 0 {
+		t.Errorf("the image's base.img has mode %v; want it published read-only", st.Mode())
+	}
+	if n := countEntries(t, filepath.Join(p.r.StorePath(), "sha256")); n != 0 {
+		t.Errorf("the full store holds %d entries after the park; want none", n)
+	}
+	for _, id := range []string{"c0", "c1"} {
+		waitFullCheck(t, p.restoreClone(t, id, p.image, p.lastTick), 64)
+	}
+}
