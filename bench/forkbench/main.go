@@ -32,6 +32,14 @@
 //	storage    a 256 MiB tick workload that stores into 1% of its pages per
 //	           tick, parked, then 10 times restored, ticked and parked
 //	           again: bytes on disk per park and for the whole lineage
+//	dedup      4 instances holding the same 64 MiB (-dedup-mib), their total
+//	           Pss sampled every 50 ms for 60 s (-dedup-seconds): upstream
+//	           sandboxes (KSM on: it cannot merge them), forkvisor clones of
+//	           one base (KSM off), plain processes under KSM, and plain
+//	           processes with unique payloads under KSM (control)
+//	verify     what verifying a base costs: a base of random data read per
+//	           2 MiB block, faulted in (the floor) or faulted in and hashed,
+//	           cold and warm page cache, and `runsc bases verify` of it
 //	prestarted restore a parked 256 MiB tick workload by a plain restore and
 //	           into a sandbox created beforehand (internal/warmpool: runsc
 //	           create, then runsc restore of the created container), 8 of
@@ -72,7 +80,10 @@ var (
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
 	ociBin      = flag.String("oci", "bin/forkvisor-oci", "registry companion (registry scenario)")
 	kvBin       = flag.String("kvserver", "bin/kvserver", "HTTP key-value workload (http scenario; static)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http,storage", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http,storage,verify,dedup", "scenarios to run")
+	dedupMiB    = flag.Int("dedup-mib", 64, "payload of each instance in MiB for the dedup scenario")
+	dedupSecs   = flag.Int("dedup-seconds", 60, "how long the dedup scenario samples each group")
+	verifyMiB   = flag.Int("verify-mib", 512, "base size in MiB for the verify scenario")
 	repeat      = flag.Int("repeat", 1, "runs per clone scenario and runtime, alternating runtimes (medians are reported)")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
@@ -244,11 +255,22 @@ func main() {
 	if want["storage"] {
 		storageResults = storage(dir, []runtimeConfig{runtimes[0], runtimes[2]})
 	}
+	var verifyResults []VerifyResult
+	var verifyRuns []VerifyRun
+	if want["verify"] {
+		verifyResults, verifyRuns = verifyCost(dir, runtimes[2], *verifyMiB)
+	}
+	var dedupResults []DedupResult
+	if want["dedup"] {
+		dedupResults = dedup(dir, []runtimeConfig{runtimes[0], runtimes[2]}, 4, *dedupMiB, time.Duration(*dedupSecs)*time.Second)
+	}
 	printTable(results)
 	printFleet(fleetResults)
 	printStorage(storageResults)
 	printPrestarted(prestartResults)
 	printHTTP(httpResults)
+	printVerify(verifyResults, verifyRuns)
+	printDedup(dedupResults)
 	if *jsonOut != "" {
 		if err := os.MkdirAll(filepath.Dir(*jsonOut), 0o755); err == nil {
 			b, _ := json.MarshalIndent(map[string]any{
@@ -259,6 +281,8 @@ func main() {
 				"prestarted": prestartResults,
 				"http":       httpResults,
 				"storage":    storageResults,
+				"verify":     map[string]any{"blocks": verifyResults, "runsc": verifyRuns},
+				"dedup":      dedupResults,
 			}, "", "  ")
 			if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 				fatalf("%v", err)

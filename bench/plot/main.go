@@ -1,7 +1,9 @@
 // Command plot draws forkbench's results: for a result file X.json it writes
 // X-restore.svg (every restore → first output sample, per scenario and
 // runtime, as box plots over the raw samples) and X-pss.svg (total Pss of
-// all clones, per scenario and runtime), next to it (-format png for PNG).
+// all clones, per scenario and runtime), and X-dedup.svg (the dedup
+// scenario's group memory over time, a line per condition) if the file has
+// those results, next to it (-format png for PNG).
 //
 //	go run ./bench/plot bench/results-2026-12-01.json
 package main
@@ -51,7 +53,8 @@ func run(path string) error {
 		return err
 	}
 	var file struct {
-		Results []result `json:"results"`
+		Results []result      `json:"results"`
+		Dedup   []dedupResult `json:"dedup"`
 	}
 	if err := json.Unmarshal(data, &file); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
@@ -62,20 +65,62 @@ func run(path string) error {
 			clones = append(clones, r)
 		}
 	}
-	if len(clones) == 0 {
-		return fmt.Errorf("%s holds no clone scenario results", path)
+	if len(clones) == 0 && len(file.Dedup) == 0 {
+		return fmt.Errorf("%s holds no clone scenario or dedup results", path)
 	}
-	scenarios, runtimes := axes(clones)
 	stem := strings.TrimSuffix(path, ".json")
-	restoreOut, pssOut := stem+"-restore."+*format, stem+"-pss."+*format
-	if err := restorePlot(clones, scenarios, runtimes, restoreOut); err != nil {
-		return err
+	var wrote []string
+	if len(clones) > 0 {
+		scenarios, runtimes := axes(clones)
+		restoreOut, pssOut := stem+"-restore."+*format, stem+"-pss."+*format
+		if err := restorePlot(clones, scenarios, runtimes, restoreOut); err != nil {
+			return err
+		}
+		if err := pssPlot(clones, scenarios, runtimes, pssOut); err != nil {
+			return err
+		}
+		wrote = append(wrote, restoreOut, pssOut)
 	}
-	if err := pssPlot(clones, scenarios, runtimes, pssOut); err != nil {
-		return err
+	if len(file.Dedup) > 0 {
+		out := stem + "-dedup." + *format
+		if err := dedupPlot(file.Dedup, out); err != nil {
+			return err
+		}
+		wrote = append(wrote, out)
 	}
-	fmt.Printf("wrote %s and %s\n", restoreOut, pssOut)
+	fmt.Printf("wrote %s\n", strings.Join(wrote, ", "))
 	return nil
+}
+
+// dedupResult is the part of forkbench's DedupResult that the plot uses.
+type dedupResult struct {
+	Condition string    `json:"condition"`
+	TimesS    []float64 `json:"times_s"`
+	PssMiB    []float64 `json:"pss_mib"`
+}
+
+// dedupPlot draws each dedup condition's total Pss over time, one line each.
+func dedupPlot(rs []dedupResult, out string) error {
+	var names []string
+	for _, r := range rs {
+		names = append(names, r.Condition)
+	}
+	p, _ := newPlot("group memory over time: same payload in every instance (total Pss, MiB)", "MiB", names)
+	p.X.Label.Text = "seconds since the group was ready"
+	for j, r := range rs {
+		pts := make(plotter.XYs, len(r.TimesS))
+		for i := range r.TimesS {
+			pts[i].X, pts[i].Y = r.TimesS[i], r.PssMiB[i]
+		}
+		line, err := plotter.NewLine(pts)
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.Condition, err)
+		}
+		line.Color = plotutil.Color(j)
+		line.Width = vg.Points(1.5)
+		p.Add(line)
+	}
+	return p.Save(8*vg.Inch, 4*vg.Inch, out)
 }
 
 // axes returns the scenarios in file order and the runtimes sorted.

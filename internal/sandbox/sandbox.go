@@ -160,15 +160,16 @@ func (r *Runsc) SentryCPU(id string) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	return processCPU(pid)
+	return ProcessCPU(pid)
 }
 
 // clockTicksPerSecond is USER_HZ, the unit of /proc/PID/stat's times; Linux
 // reports it as 100 on every architecture.
 const clockTicksPerSecond = 100
 
-// processCPU returns utime+stime of process pid from /proc/pid/stat.
-func processCPU(pid int) (time.Duration, error) {
+// ProcessCPU returns the CPU time (utime+stime) of process pid, from
+// /proc/PID/stat.
+func ProcessCPU(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err

@@ -7,7 +7,7 @@ import (
 )
 
 func TestProcessCPU(t *testing.T) {
-	before, err := processCPU(os.Getpid())
+	before, err := ProcessCPU(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -18,7 +18,7 @@ func TestProcessCPU(t *testing.T) {
 			x += i
 		}
 	}
-	after, err := processCPU(os.Getpid())
+	after, err := ProcessCPU(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestProcessCPU(t *testing.T) {
 	if got := after - before; got < 100*time.Millisecond || got > 10*time.Second {
 		t.Errorf("CPU time of a 300 ms busy loop = %v (x=%d)", got, x)
 	}
-	if _, err := processCPU(1 << 30); err == nil {
-		t.Error("processCPU of a PID that does not exist: no error")
+	if _, err := ProcessCPU(1 << 30); err == nil {
+		t.Error("ProcessCPU of a PID that does not exist: no error")
 	}
 }

@@ -3,7 +3,7 @@
 // whether the heap still holds the pattern. A restored clone must continue
 // the counter (not restart it) and keep printing "sum=ok".
 //
-// Usage: tick [-mib N] [-interval D] [-check-mib N] [-write-pct P] [-ctl PATH]
+// Usage: tick [-mib N] [-interval D] [-check-mib N] [-write-pct P] [-seed S] [-ksm] [-ctl PATH]
 //
 // With -write-pct P, every tick first stores into P% of the heap's pages,
 // chosen by a fixed hash and visited in a scattered order, before it prints:
@@ -45,11 +45,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// seedMix is mixed into every word of the pattern (-seed): 0, the default,
+// gives every process the same heap.
+var seedMix uint64
+
 // pattern returns the expected value of word i of the heap.
 func pattern(i int) uint64 {
 	x := uint64(i)*0x9E3779B97F4A7C15 + 1
 	x ^= x >> 29
-	return x
+	return x ^ seedMix
 }
 
 const wordsPerPage = 4096 / 8
@@ -65,7 +69,10 @@ func main() {
 	filePath := flag.String("file", "", "if set, a file in the writable layer: written with a pattern at start (unless it exists), then checked like the heap")
 	fileMiB := flag.Int("file-mib", 16, "size of -file in MiB")
 	writePct := flag.Int("write-pct", 0, "percent of heap pages stored into every tick, in a scattered order, before printing")
+	seed := flag.Uint64("seed", 0, "if not 0, a heap whose content no process with another seed shares (every page differs)")
+	ksm := flag.Bool("ksm", false, "mark the heap mergeable for KSM (madvise MADV_MERGEABLE) once it is filled")
 	flag.Parse()
+	seedMix = *seed * 0xD6E8FEB86659FD93
 	if *writePct < 0 || *writePct > 100 {
 		fmt.Fprintf(os.Stderr, "-write-pct %d: want 0..100\n", *writePct)
 		os.Exit(2)
@@ -101,6 +108,12 @@ func main() {
 	heap := make([]uint64, words)
 	for i := range heap {
 		heap[i] = pattern(i)
+	}
+	if *ksm {
+		if err := markMergeable(heap); err != nil {
+			fmt.Printf("ksm: %v\n", err)
+			os.Exit(1)
+		}
 	}
 	// The mark lives in its own page in the middle of the heap; that page is
 	// excluded from the pattern check once marked.
@@ -306,4 +319,16 @@ func putHex(b []byte, v uint64) int {
 		}
 	}
 	return copy(b, tmp[i:])
+}
+
+// markMergeable marks the whole pages of heap mergeable by KSM.
+func markMergeable(heap []uint64) error {
+	start := uintptr(unsafe.Pointer(&heap[0]))
+	end := start + uintptr(len(heap))*8
+	first, last := (start+4095)&^4095, end&^4095
+	if last <= first {
+		return nil
+	}
+	b := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(&heap[0]), first-start)), last-first)
+	return unix.Madvise(b, unix.MADV_MERGEABLE)
 }
