@@ -124,8 +124,6 @@ flatten-table: $(TREE)/go.mod
 demo: setup all
 	$(GO) run ./bench/forkbench -scenarios clones256 -json bench/out/demo.json
 
-# Every benchmark: 8 x 256 MiB clones, 2 x 2 GiB clones, re-park of a clone,
-# and the pgalloc flatten table.
 # The fault matrix, long: tampered images and killed checkpoints, with
 # FAULT_TRIALS trials per case (make test runs 3); prints one summary line
 # per case. FAULT_SEED=N replays a run.
@@ -133,6 +131,8 @@ FAULT_TRIALS ?= 25
 faults: setup all
 	FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 80m -v -run 'TestTamperedImageRefused|TestKilledSharedBaseCheckpoint|TestFilestoreKilledCheckpoint' ./test/e2e/ 2>&1 | tee build/faults.log | grep -E 'fault summary|FAULT_SEED|^(--- |ok|FAIL)'
 
+# Every benchmark (every forkbench scenario, 3 repetitions of the clone
+# scenarios) and the pgalloc flatten table, then the plots.
 bench: setup all flatten-table
 	$(GO) run ./bench/forkbench -repeat 3 -json bench/out/forkbench.json
 	$(GO) run ./bench/plot bench/out/forkbench.json

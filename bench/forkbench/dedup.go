@@ -82,6 +82,16 @@ type dedupGroup struct {
 	close func()
 }
 
+// ready waits until every instance has checked its whole payload once, as
+// the clone scenarios do before they measure: until then an instance's
+// memory is still being mapped in (it grows by tens of MiB in the first
+// seconds of a sandbox, upstream's and forkvisor's alike).
+func (g *dedupGroup) ready(payloadMiB int) {
+	if !g.checks(payloadMiB) {
+		fatalf("dedup: an instance's payload was corrupt before sampling")
+	}
+}
+
 // sample measures g every interval for d and returns the samples.
 func (g *dedupGroup) sample(d, interval time.Duration) (times, pss []float64) {
 	start := time.Now()
@@ -244,6 +254,7 @@ func dedup(dir string, runtimes []runtimeConfig, n, payloadMiB int, d time.Durat
 		// Nothing merged by an earlier condition survives: run=2 unmerges.
 		setKSMRun(2)
 		g := c.newGroup()
+		g.ready(payloadMiB)
 		if c.ksm {
 			setKSMRun(1)
 		}
