@@ -37,6 +37,9 @@
 //	           sandboxes (KSM on: it cannot merge them), forkvisor clones of
 //	           one base (KSM off), plain processes under KSM, and plain
 //	           processes with unique payloads under KSM (control)
+//	burst      16 restores (-burst-n) of one parked 128 MiB (-burst-mib) tick
+//	           workload started at once: wall time, per-restore latency and
+//	           sentry CPU, total Pss
 //	verify     what verifying a base costs: a base of random data read per
 //	           2 MiB block, faulted in (the floor) or faulted in and hashed,
 //	           cold and warm page cache, and `runsc bases verify` of it
@@ -80,7 +83,9 @@ var (
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
 	ociBin      = flag.String("oci", "bin/forkvisor-oci", "registry companion (registry scenario)")
 	kvBin       = flag.String("kvserver", "bin/kvserver", "HTTP key-value workload (http scenario; static)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http,storage,verify,dedup", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http,storage,burst,verify,dedup", "scenarios to run")
+	burstN      = flag.Int("burst-n", 16, "restores started at once in the burst scenario")
+	burstMiB    = flag.Int("burst-mib", 128, "heap of the burst scenario's workload in MiB")
 	dedupMiB    = flag.Int("dedup-mib", 64, "payload of each instance in MiB for the dedup scenario")
 	dedupSecs   = flag.Int("dedup-seconds", 60, "how long the dedup scenario samples each group")
 	verifyMiB   = flag.Int("verify-mib", 512, "base size in MiB for the verify scenario")
@@ -255,6 +260,10 @@ func main() {
 	if want["storage"] {
 		storageResults = storage(dir, []runtimeConfig{runtimes[0], runtimes[2]})
 	}
+	var burstResults []BurstResult
+	if want["burst"] {
+		burstResults = burst(dir, runtimes, *burstN, *burstMiB)
+	}
 	var verifyResults []VerifyResult
 	var verifyRuns []VerifyRun
 	if want["verify"] {
@@ -269,6 +278,7 @@ func main() {
 	printStorage(storageResults)
 	printPrestarted(prestartResults)
 	printHTTP(httpResults)
+	printBurst(burstResults)
 	printVerify(verifyResults, verifyRuns)
 	printDedup(dedupResults)
 	if *jsonOut != "" {
@@ -283,6 +293,7 @@ func main() {
 				"storage":    storageResults,
 				"verify":     map[string]any{"blocks": verifyResults, "runsc": verifyRuns},
 				"dedup":      dedupResults,
+				"burst":      burstResults,
 			}, "", "  ")
 			if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 				fatalf("%v", err)

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// BurstResult is one runtime's burst: n restores of one parked sandbox
+// started at the same instant, as an agent platform does when a queue drains
+// or a task fans out.
+type BurstResult struct {
+	Runtime  string  `json:"runtime"`
+	HeapMiB  int     `json:"heap_mib"`
+	Restores int     `json:"restores"`
+	WallMs   float64 `json:"wall_ms"` // first start → last first tick
+	// RestoreMs is each restore's start → first tick.
+	RestoreMs    []float64 `json:"restore_ms"`
+	RestoreP50Ms float64   `json:"restore_p50_ms"`
+	RestoreMaxMs float64   `json:"restore_max_ms"`
+	// CPUMs is each restore's sentry CPU time at its first tick.
+	CPUMs       []float64 `json:"cpu_ms"`
+	CPUP50Ms    float64   `json:"cpu_p50_ms"`
+	TotalPssMiB float64   `json:"total_pss_mib"` // once every clone read its heap
+}
+
+// burst parks a heapMiB tick workload with each runtime and restores n
+// clones of it at once (each in its own goroutine), then measures the
+// clones' memory once every one has read its whole heap.
+func burst(dir string, runtimes []runtimeConfig, n, heapMiB int) []BurstResult {
+	var results []BurstResult
+	for _, rt := range runtimes {
+		fmt.Fprintf(os.Stderr, "forkbench: burst, %s\n", rt.name)
+		results = append(results, burstOne(filepath.Join(dir, "burst-"+rt.name), rt, n, heapMiB))
+	}
+	return results
+}
+
+func burstOne(base string, rt runtimeConfig, n, heapMiB int) BurstResult {
+	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("burst", rt)}
+	addCleanup(r.Cleanup)
+	defer os.RemoveAll(base)
+	defer r.Cleanup()
+	bundle := filepath.Join(base, "bundle")
+	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms"))
+	_, err := r.RunUntilTick(bundle, "source", filepath.Join(base, "source.out"), 2, nil)
+	must(err)
+	image := filepath.Join(base, "image")
+	var flags []string
+	if rt.fork {
+		flags = append(flags, "--shared-base")
+	}
+	must(r.Checkpoint("source", image, flags...))
+	r.Destroy("source")
+
+	res := BurstResult{Runtime: rt.name, HeapMiB: heapMiB, Restores: n, RestoreMs: make([]float64, n), CPUMs: make([]float64, n)}
+	ids, outs := make([]string, n), make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	var last time.Time
+	var lastMu sync.Mutex
+	for i := 0; i < n; i++ {
+		ids[i], outs[i] = fmt.Sprintf("burst%d", i), filepath.Join(base, fmt.Sprintf("burst%d.out", i))
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			_, d, err := r.RestoreFirstTick(bundle, ids[i], image, outs[i], rt.restoreArgs...)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			lastMu.Lock()
+			if end := start.Add(d); end.After(last) {
+				last = end
+			}
+			lastMu.Unlock()
+			res.RestoreMs[i] = ms(d)
+			cpu, err := r.SentryCPU(ids[i])
+			errs[i] = err
+			res.CPUMs[i] = ms(cpu)
+		}(i)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			fatalf("burst %s, restore %d: %v", rt.name, i, err)
+		}
+	}
+	res.WallMs = ms(last.Sub(start))
+	res.RestoreP50Ms, res.RestoreMaxMs = median(res.RestoreMs), maxOf(res.RestoreMs)
+	res.CPUP50Ms = median(res.CPUMs)
+	// Let every clone read its whole heap, then measure.
+	for _, out := range outs {
+		from := len(sandbox.Lines(out))
+		first, _, err := sandbox.WaitTick(out, from, 120*time.Second, func(sandbox.Tick) bool { return true })
+		must(err)
+		_, _, err = sandbox.WaitTick(out, from, 300*time.Second, func(t sandbox.Tick) bool { return t.N >= first.N+heapMiB/4+2 })
+		must(err)
+	}
+	all, _, err := r.Memory(ids...)
+	must(err)
+	res.TotalPssMiB = float64(all.Pss) / 1024
+	return res
+}
+
+func printBurst(results []BurstResult) {
+	if len(results) == 0 {
+		return
+	}
+	r0 := results[0]
+	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once\n", r0.Restores, r0.HeapMiB)
+	fmt.Printf("%-11s %9s %9s %9s %12s %10s\n", "runtime", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_Pss")
+	for _, r := range results {
+		fmt.Printf("%-11s %9.0f %9.0f %9.0f %12.0f %10.1f\n", r.Runtime, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB)
+	}
+	var best BurstResult
+	for _, r := range results {
+		if r.Runtime != "forkvisor" && (best.Runtime == "" || r.WallMs < best.WallMs) {
+			best = r
+		}
+	}
+	for _, r := range results {
+		if r.Runtime == "forkvisor" && best.WallMs > 0 {
+			fmt.Printf("burst forkvisor/upstream (%s): wall %.2fx, cpu per restore %.2fx, total Pss %.2fx\n", best.Runtime, r.WallMs/best.WallMs, r.CPUP50Ms/best.CPUP50Ms, r.TotalPssMiB/best.TotalPssMiB)
+		}
+	}
+}
