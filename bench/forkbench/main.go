@@ -37,6 +37,10 @@
 //	           sandboxes (KSM on: it cannot merge them), forkvisor clones of
 //	           one base (KSM off), plain processes under KSM, and plain
 //	           processes with unique payloads under KSM (control)
+//	density    idle clones of one parked 128 MiB (-density-mib) tick workload
+//	           added one at a time until their total Pss passes 2 GiB
+//	           (-density-budget-mib) or 64 run (-density-max): clones per GiB,
+//	           per-clone memory by kind
 //	burst      16 restores (-burst-n) of one parked 128 MiB (-burst-mib) tick
 //	           workload started at once: wall time, per-restore latency and
 //	           sentry CPU, total Pss
@@ -83,7 +87,10 @@ var (
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
 	ociBin      = flag.String("oci", "bin/forkvisor-oci", "registry companion (registry scenario)")
 	kvBin       = flag.String("kvserver", "bin/kvserver", "HTTP key-value workload (http scenario; static)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http,storage,burst,verify,dedup", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http,storage,burst,density,verify,dedup", "scenarios to run")
+	densityMiB  = flag.Int("density-mib", 128, "heap of the density scenario's workload in MiB")
+	densityMax  = flag.Int("density-max", 64, "most clones the density scenario restores")
+	densityBudg = flag.Int("density-budget-mib", 2048, "total Pss at which the density scenario stops adding clones")
 	burstN      = flag.Int("burst-n", 16, "restores started at once in the burst scenario")
 	burstMiB    = flag.Int("burst-mib", 128, "heap of the burst scenario's workload in MiB")
 	dedupMiB    = flag.Int("dedup-mib", 64, "payload of each instance in MiB for the dedup scenario")
@@ -264,6 +271,10 @@ func main() {
 	if want["burst"] {
 		burstResults = burst(dir, runtimes, *burstN, *burstMiB)
 	}
+	var densityResults []DensityResult
+	if want["density"] {
+		densityResults = density(dir, []runtimeConfig{runtimes[0], runtimes[2]}, *densityMiB, *densityBudg, *densityMax)
+	}
 	var verifyResults []VerifyResult
 	var verifyRuns []VerifyRun
 	if want["verify"] {
@@ -279,6 +290,7 @@ func main() {
 	printPrestarted(prestartResults)
 	printHTTP(httpResults)
 	printBurst(burstResults)
+	printDensity(densityResults)
 	printVerify(verifyResults, verifyRuns)
 	printDedup(dedupResults)
 	if *jsonOut != "" {
@@ -294,6 +306,7 @@ func main() {
 				"verify":     map[string]any{"blocks": verifyResults, "runsc": verifyRuns},
 				"dedup":      dedupResults,
 				"burst":      burstResults,
+				"density":    densityResults,
 			}, "", "  ")
 			if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 				fatalf("%v", err)

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/memstat"
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// DensityResult is one runtime's density ceiling: clones of one parked
+// sandbox added one at a time until their total Pss passes a budget.
+type DensityResult struct {
+	Runtime   string `json:"runtime"`
+	HeapMiB   int    `json:"heap_mib"`
+	BudgetMiB int    `json:"budget_mib"`
+	// Clones is the most clones whose total Pss stayed within the budget
+	// (MaxClones if the budget was never passed).
+	Clones    int `json:"clones"`
+	MaxClones int `json:"max_clones"`
+	// PssMiB[i] is the total Pss with i+1 clones.
+	PssMiB []float64 `json:"pss_mib"`
+	// MarginalMiB is what each clone after the first added, on average;
+	// ClonesPerGiB is 1024 / MarginalMiB: clones per GiB beyond the first.
+	MarginalMiB  float64 `json:"marginal_mib"`
+	ClonesPerGiB float64 `json:"clones_per_gib"`
+	// PerCloneByKindMiB is the total Pss by kind of memory (memstat.Kind*)
+	// at the last count, divided by the number of clones.
+	PerCloneByKindMiB map[string]float64 `json:"per_clone_by_kind_mib"`
+}
+
+// density parks a heapMiB tick workload with each runtime and restores
+// clones of it one at a time until the group's total Pss passes budgetMiB
+// or maxClones run. The clones idle: a tick a second, reading 8 MiB of
+// their heap; the first reads its whole heap before the next one starts, so
+// that the image's pages (forkvisor: the base's) are counted once, and the
+// group is measured after each clone's first tick.
+func density(dir string, runtimes []runtimeConfig, heapMiB, budgetMiB, maxClones int) []DensityResult {
+	var results []DensityResult
+	for _, rt := range runtimes {
+		fmt.Fprintf(os.Stderr, "forkbench: density, %s\n", rt.name)
+		results = append(results, densityOne(filepath.Join(dir, "density-"+rt.name), rt, heapMiB, budgetMiB, maxClones))
+	}
+	return results
+}
+
+func densityOne(base string, rt runtimeConfig, heapMiB, budgetMiB, maxClones int) DensityResult {
+	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("density", rt)}
+	addCleanup(r.Cleanup)
+	defer os.RemoveAll(base)
+	defer r.Cleanup()
+	bundle := filepath.Join(base, "bundle")
+	// Idle clones: a tick a second, reading 8 MiB of the heap each.
+	const checkMiB = 8
+	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "1s", "-check-mib", fmt.Sprint(checkMiB)))
+	_, err := r.RunUntilTick(bundle, "source", filepath.Join(base, "source.out"), 2, nil)
+	must(err)
+	image := filepath.Join(base, "image")
+	var flags []string
+	if rt.fork {
+		flags = append(flags, "--shared-base")
+	}
+	must(r.Checkpoint("source", image, flags...))
+	r.Destroy("source")
+
+	res := DensityResult{Runtime: rt.name, HeapMiB: heapMiB, BudgetMiB: budgetMiB, MaxClones: maxClones, Clones: maxClones}
+	var ids []string
+	for i := 0; i < maxClones; i++ {
+		id, out := fmt.Sprintf("clone%d", i), filepath.Join(base, fmt.Sprintf("clone%d.out", i))
+		first, _, err := r.RestoreFirstTick(bundle, id, image, out, rt.restoreArgs...)
+		must(err)
+		ids = append(ids, id)
+		if i == 0 {
+			// The first clone reads its whole heap, so that every page
+			// of the image (for forkvisor, of the base) is counted once;
+			// later clones idle after their first tick.
+			_, _, err = sandbox.WaitTick(out, 0, 120*time.Second, func(t sandbox.Tick) bool { return t.N >= first.N+heapMiB/checkMiB+2 || !t.OK })
+			must(err)
+		}
+		all, _, err := r.Memory(ids...)
+		must(err)
+		pss := float64(all.Pss) / 1024
+		res.PssMiB = append(res.PssMiB, pss)
+		if pss > float64(budgetMiB) {
+			res.Clones = i
+			break
+		}
+	}
+	if n := len(res.PssMiB); n > 1 {
+		res.MarginalMiB = (res.PssMiB[n-1] - res.PssMiB[0]) / float64(n-1)
+		res.ClonesPerGiB = 1024 / res.MarginalMiB
+	}
+	byKind, err := r.MemoryByKind(ids...)
+	must(err)
+	res.PerCloneByKindMiB = map[string]float64{}
+	for k, v := range byKind {
+		res.PerCloneByKindMiB[k] = float64(v) / 1024 / float64(len(ids))
+	}
+	return res
+}
+
+func printDensity(results []DensityResult) {
+	if len(results) == 0 {
+		return
+	}
+	r0 := results[0]
+	fmt.Printf("\ndensity: clones of one parked %d MiB sandbox added until their total Pss passes %d MiB (at most %d)\n", r0.HeapMiB, r0.BudgetMiB, r0.MaxClones)
+	fmt.Printf("%-11s %7s %10s %13s %13s   per clone at the last count, MiB: guest base platform anon file\n", "runtime", "clones", "first_MiB", "marginal_MiB", "clones/GiB")
+	for _, r := range results {
+		k := r.PerCloneByKindMiB
+		fmt.Printf("%-11s %7d %10.1f %13.1f %13.1f   %.1f %.1f %.1f %.1f %.1f\n", r.Runtime, r.Clones, r.PssMiB[0], r.MarginalMiB, r.ClonesPerGiB,
+			k[memstat.KindGuest], k[memstat.KindBase], k[memstat.KindPlatform], k[memstat.KindAnon], k[memstat.KindFile])
+	}
+}
