@@ -4,10 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/forkvisor/forkvisor/internal/memstat"
-	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
 // DensityResult is one runtime's density ceiling: clones of one parked
@@ -47,37 +45,25 @@ func density(dir string, runtimes []runtimeConfig, heapMiB, budgetMiB, maxClones
 }
 
 func densityOne(base string, rt runtimeConfig, heapMiB, budgetMiB, maxClones int) DensityResult {
-	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("density", rt)}
-	addCleanup(r.Cleanup)
-	defer os.RemoveAll(base)
-	defer r.Cleanup()
-	bundle := filepath.Join(base, "bundle")
 	// Idle clones: a tick a second, reading 8 MiB of the heap each.
 	const checkMiB = 8
-	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "1s", "-check-mib", fmt.Sprint(checkMiB)))
-	_, err := r.RunUntilTick(bundle, "source", filepath.Join(base, "source.out"), 2, nil)
-	must(err)
-	image := filepath.Join(base, "image")
-	var flags []string
-	if rt.fork {
-		flags = append(flags, "--shared-base")
-	}
-	must(r.Checkpoint("source", image, flags...))
-	r.Destroy("source")
+	p := parkTick(base, "density", rt, "-mib", fmt.Sprint(heapMiB), "-interval", "1s", "-check-mib", fmt.Sprint(checkMiB))
+	r := p.r
+	defer os.RemoveAll(base)
+	defer r.Cleanup()
 
 	res := DensityResult{Runtime: rt.name, HeapMiB: heapMiB, BudgetMiB: budgetMiB, MaxClones: maxClones, Clones: maxClones}
 	var ids []string
 	for i := 0; i < maxClones; i++ {
 		id, out := fmt.Sprintf("clone%d", i), filepath.Join(base, fmt.Sprintf("clone%d.out", i))
-		first, _, err := r.RestoreFirstTick(bundle, id, image, out, rt.restoreArgs...)
+		_, _, err := r.RestoreFirstTick(p.bundle, id, p.image, out, rt.restoreArgs...)
 		must(err)
 		ids = append(ids, id)
 		if i == 0 {
 			// The first clone reads its whole heap, so that every page
 			// of the image (for forkvisor, of the base) is counted once;
 			// later clones idle after their first tick.
-			_, _, err = sandbox.WaitTick(out, 0, 120*time.Second, func(t sandbox.Tick) bool { return t.N >= first.N+heapMiB/checkMiB+2 || !t.OK })
-			must(err)
+			waitFullPass(out, heapMiB, checkMiB)
 		}
 		all, _, err := r.Memory(ids...)
 		must(err)
@@ -94,10 +80,7 @@ func densityOne(base string, rt runtimeConfig, heapMiB, budgetMiB, maxClones int
 	}
 	byKind, err := r.MemoryByKind(ids...)
 	must(err)
-	res.PerCloneByKindMiB = map[string]float64{}
-	for k, v := range byKind {
-		res.PerCloneByKindMiB[k] = float64(v) / 1024 / float64(len(ids))
-	}
+	res.PerCloneByKindMiB = kindsMiB(byKind, len(ids))
 	return res
 }
 
@@ -107,10 +90,13 @@ func printDensity(results []DensityResult) {
 	}
 	r0 := results[0]
 	fmt.Printf("\ndensity: clones of one parked %d MiB sandbox added until their total Pss passes %d MiB (at most %d)\n", r0.HeapMiB, r0.BudgetMiB, r0.MaxClones)
-	fmt.Printf("%-11s %7s %10s %13s %13s   per clone at the last count, MiB: guest base platform anon file\n", "runtime", "clones", "first_MiB", "marginal_MiB", "clones/GiB")
+	fmt.Printf("%-11s %7s %10s %13s %13s   %10s %10s %10s %10s %10s  (per clone at the last count, MiB)\n", "runtime", "clones", "first_MiB", "marginal_MiB", "clones/GiB",
+		memstat.KindGuest, memstat.KindBase, memstat.KindPlatform, memstat.KindAnon, memstat.KindFile)
 	for _, r := range results {
-		k := r.PerCloneByKindMiB
-		fmt.Printf("%-11s %7d %10.1f %13.1f %13.1f   %.1f %.1f %.1f %.1f %.1f\n", r.Runtime, r.Clones, r.PssMiB[0], r.MarginalMiB, r.ClonesPerGiB,
-			k[memstat.KindGuest], k[memstat.KindBase], k[memstat.KindPlatform], k[memstat.KindAnon], k[memstat.KindFile])
+		clones := fmt.Sprint(r.Clones)
+		if r.Clones == r.MaxClones {
+			clones = ">=" + clones // the budget was not reached
+		}
+		fmt.Printf("%-11s %7s %10.1f %13.1f %13.1f   %s\n", r.Runtime, clones, r.PssMiB[0], r.MarginalMiB, r.ClonesPerGiB, kindColumns(r.PerCloneByKindMiB))
 	}
 }

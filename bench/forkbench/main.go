@@ -431,10 +431,7 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 	res.PerClonePssMiB = res.TotalPssMiB / float64(sc.n)
 	byKind, err := r.MemoryByKind(ids...)
 	must(err)
-	res.PssByKindMiB = map[string]float64{}
-	for k, v := range byKind {
-		res.PssByKindMiB[k] = float64(v) / 1024
-	}
+	res.PssByKindMiB = kindsMiB(byKind, 1)
 
 	var reparkRes *Result
 	if repark {
@@ -476,9 +473,7 @@ func printTable(results []Result) {
 				memstat.KindGuest, memstat.KindBase, memstat.KindPlatform, memstat.KindAnon, memstat.KindFile)
 			haveKinds = true
 		}
-		k := r.PssByKindMiB
-		fmt.Printf("%-10s %-11s %10.1f %10.1f %10.1f %10.1f %10.1f\n", r.Scenario, r.Runtime,
-			k[memstat.KindGuest], k[memstat.KindBase], k[memstat.KindPlatform], k[memstat.KindAnon], k[memstat.KindFile])
+		fmt.Printf("%-10s %-11s %s\n", r.Scenario, r.Runtime, kindColumns(r.PssByKindMiB))
 	}
 	haveLayers := false
 	for _, r := range results {
@@ -635,10 +630,15 @@ func addCleanup(c func()) {
 
 func fatalf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "forkbench: "+format+"\n", args...)
-	// Leave no sandbox behind, latest first.
+	// Leave no sandbox behind, latest first. The list is taken first, so
+	// that a clean-up that fails in turn exits instead of waiting for the
+	// lock.
 	cleanupsMu.Lock()
-	for i := len(cleanups) - 1; i >= 0; i-- {
-		cleanups[i]()
+	cs := cleanups
+	cleanups = nil
+	cleanupsMu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
 	}
 	os.Exit(1)
 }

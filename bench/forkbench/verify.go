@@ -70,7 +70,7 @@ func blockPass(f *os.File, size int64, hash bool) []float64 {
 	const block = blockmanifest.BlockSize
 	var samples []float64
 	for off := int64(0); off < size; off += block {
-		m, err := unix.Mmap(int(f.Fd()), off, block, unix.PROT_READ, unix.MAP_SHARED)
+		m, err := unix.Mmap(int(f.Fd()), off, int(min(block, size-off)), unix.PROT_READ, unix.MAP_SHARED)
 		must(err)
 		start := time.Now()
 		must(unix.Madvise(m, unix.MADV_POPULATE_READ))
@@ -152,7 +152,9 @@ func verifyCost(dir string, fork runtimeConfig, baseMiB int) ([]VerifyResult, []
 	var runs []VerifyRun
 	for _, cache := range []string{"cold", "warm"} {
 		if cache == "cold" {
-			dropFileCache(stored, size)
+			if left := dropFileCache(stored, size); left > 0 {
+				fmt.Fprintf(os.Stderr, "forkbench: verify: %d pages of %s still cached after dropping\n", left, stored.Name())
+			}
 		}
 		start := time.Now()
 		_, err := r.Exec("bases", "verify", m.Digest)

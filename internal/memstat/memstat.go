@@ -100,12 +100,11 @@ func sameAddressSpace(a, b int) bool {
 	return errno == 0 && r == 0
 }
 
-// Processes sums the memory of pids, counting each address space once.
-func Processes(pids []int) (Usage, error) {
-	var (
-		total Usage
-		seen  []int
-	)
+// eachAddressSpace calls read for each of pids whose address space no
+// earlier pid shares; read returns false if the process could not be read
+// (it exited meanwhile), which then does not count as seen.
+func eachAddressSpace(pids []int, read func(pid int) bool) {
+	var seen []int
 	for _, pid := range pids {
 		dup := false
 		for _, s := range seen {
@@ -114,17 +113,24 @@ func Processes(pids []int) (Usage, error) {
 				break
 			}
 		}
-		if dup {
-			continue
+		if !dup && read(pid) {
+			seen = append(seen, pid)
 		}
+	}
+}
+
+// Processes sums the memory of pids, counting each address space once.
+// Processes that exit while it reads are left out.
+func Processes(pids []int) (Usage, error) {
+	var total Usage
+	eachAddressSpace(pids, func(pid int) bool {
 		u, err := Rollup(pid)
 		if err != nil {
-			// Processes may exit while we look; ignore them.
-			continue
+			return false
 		}
-		seen = append(seen, pid)
 		total.Add(u)
-	}
+		return true
+	})
 	return total, nil
 }
 
@@ -236,32 +242,30 @@ func parseSmaps(s *bufio.Scanner, byKind map[string]uint64) error {
 // once. Processes that exit while it reads are left out.
 func Breakdown(pids []int) (map[string]uint64, error) {
 	byKind := map[string]uint64{}
-	var seen []int
-	for _, pid := range pids {
-		dup := false
-		for _, s := range seen {
-			if sameAddressSpace(pid, s) {
-				dup = true
-				break
-			}
-		}
-		if dup {
-			continue
-		}
+	var parseErr error
+	eachAddressSpace(pids, func(pid int) bool {
 		f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
 		if err != nil {
-			continue
+			return false
 		}
+		defer f.Close()
 		perPID := map[string]uint64{}
-		err = parseSmaps(bufio.NewScanner(f), perPID)
-		f.Close()
-		if err != nil {
-			return nil, fmt.Errorf("/proc/%d/smaps: %w", pid, err)
+		if err := parseSmaps(bufio.NewScanner(f), perPID); err != nil {
+			if _, statErr := os.Stat(fmt.Sprintf("/proc/%d", pid)); statErr != nil {
+				return false // it exited while we read
+			}
+			if parseErr == nil {
+				parseErr = fmt.Errorf("/proc/%d/smaps: %w", pid, err)
+			}
+			return false
 		}
-		seen = append(seen, pid)
 		for k, v := range perPID {
 			byKind[k] += v
 		}
+		return true
+	})
+	if parseErr != nil {
+		return nil, parseErr
 	}
 	return byKind, nil
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -207,14 +208,12 @@ func fillFS(t *testing.T, dir string) (free func()) {
 	}
 }
 
-// fillInodes creates empty files in dir until the filesystem has no inode
-// left (ENOSPC), and returns a function that removes them.
-func fillInodes(t *testing.T, dir string) (free func()) {
+// fillInodes creates empty files in fill, a directory made beforehand (with
+// the filesystem full, a new directory may already find no inode), until the
+// filesystem has no inode left (ENOSPC), and returns a function that removes
+// them.
+func fillInodes(t *testing.T, fill string) (free func()) {
 	t.Helper()
-	fill := filepath.Join(dir, "inode-filler")
-	if err := os.Mkdir(fill, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	n := 0
 	for ; ; n++ {
 		f, err := os.Create(filepath.Join(fill, fmt.Sprint(n)))
@@ -229,7 +228,7 @@ func fillInodes(t *testing.T, dir string) (free func()) {
 			t.Fatalf("created %d files in %s without running out of space", n, fill)
 		}
 	}
-	t.Logf("filled %s: %d more files until ENOSPC", dir, n)
+	t.Logf("filled %s: %d more files until ENOSPC", fill, n)
 	return func() {
 		if err := os.RemoveAll(fill); err != nil {
 			t.Fatal(err)
@@ -254,12 +253,16 @@ func TestFilestoreSnapshotOutOfSpace(t *testing.T) {
 	for _, id := range ids {
 		outs[id] = e.start(t, id)
 	}
+	inodeFiller := filepath.Join(e.dir, "inode-filler")
+	if err := os.Mkdir(inodeFiller, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	freeBlocks := fillFS(t, e.dir)
 	fullImage, fullSnap := filepath.Join(t.TempDir(), "image"), filepath.Join(e.dir, "full-snap")
 	if err := e.r.Checkpoint("leave-running", fullImage, "--skip-filestore-pages", "--filestore-snapshot-dir="+fullSnap, "--leave-running"); err != nil {
 		t.Fatalf("snapshot with no free data block: %v; a reflink needs none", err)
 	}
-	freeInodes := fillInodes(t, e.dir)
+	freeInodes := fillInodes(t, inodeFiller)
 	for _, id := range ids {
 		image := filepath.Join(t.TempDir(), "image")
 		snap := filepath.Join(e.dir, id+"-snap")
@@ -317,6 +320,10 @@ func TestBaseStoreOutOfSpace(t *testing.T) {
 	}
 	if st.Mode().Perm()&0o222 != 0 {
 		t.Errorf("the image's base.img has mode %v; want it published read-only", st.Mode())
+	}
+	// Not a link of a stored file: the store really could not take it.
+	if nlink := st.Sys().(*syscall.Stat_t).Nlink; nlink != 1 {
+		t.Errorf("the image's base.img has %d links; want 1 (nothing stored)", nlink)
 	}
 	if n := countEntries(t, filepath.Join(p.r.StorePath(), "sha256")); n != 0 {
 		t.Errorf("the full store holds %d entries after the park; want none", n)

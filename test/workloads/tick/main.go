@@ -49,11 +49,16 @@ import (
 // gives every process the same heap.
 var seedMix uint64
 
-// pattern returns the expected value of word i of the heap.
-func pattern(i int) uint64 {
+// mix is a fixed hash of i.
+func mix(i int) uint64 {
 	x := uint64(i)*0x9E3779B97F4A7C15 + 1
 	x ^= x >> 29
-	return x ^ seedMix
+	return x
+}
+
+// pattern returns the expected value of word i of the heap.
+func pattern(i int) uint64 {
+	return mix(i) ^ seedMix
 }
 
 const wordsPerPage = 4096 / 8
@@ -257,7 +262,7 @@ func writeOrder(nPages, pct, skip int) []int {
 	}
 	for k := 0; k < nPages; k++ {
 		p := k * stride % nPages
-		if p != skip && int(pattern(p)%100) < pct {
+		if p != skip && int(mix(p)%100) < pct {
 			order = append(order, p)
 		}
 	}
