@@ -32,12 +32,9 @@ type BurstResult struct {
 // clones of it at once (each in its own goroutine), then measures the
 // clones' memory once every one has read its whole heap.
 func burst(dir string, runtimes []runtimeConfig, n, heapMiB int) []BurstResult {
-	var results []BurstResult
-	for _, rt := range runtimes {
-		fmt.Fprintf(os.Stderr, "forkbench: burst, %s\n", rt.name)
-		results = append(results, burstOne(filepath.Join(dir, "burst-"+rt.name), rt, n, heapMiB))
-	}
-	return results
+	return eachRuntime(dir, "burst", runtimes, func(base string, rt runtimeConfig) BurstResult {
+		return burstOne(base, rt, n, heapMiB)
+	})
 }
 
 func burstOne(base string, rt runtimeConfig, n, heapMiB int) BurstResult {

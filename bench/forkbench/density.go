@@ -36,12 +36,9 @@ type DensityResult struct {
 // that the image's pages (forkvisor: the base's) are counted once, and the
 // group is measured after each clone's first tick.
 func density(dir string, runtimes []runtimeConfig, heapMiB, budgetMiB, maxClones int) []DensityResult {
-	var results []DensityResult
-	for _, rt := range runtimes {
-		fmt.Fprintf(os.Stderr, "forkbench: density, %s\n", rt.name)
-		results = append(results, densityOne(filepath.Join(dir, "density-"+rt.name), rt, heapMiB, budgetMiB, maxClones))
-	}
-	return results
+	return eachRuntime(dir, "density", runtimes, func(base string, rt runtimeConfig) DensityResult {
+		return densityOne(base, rt, heapMiB, budgetMiB, maxClones)
+	})
 }
 
 func densityOne(base string, rt runtimeConfig, heapMiB, budgetMiB, maxClones int) DensityResult {

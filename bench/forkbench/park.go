@@ -63,3 +63,14 @@ func kindsMiB(byKind map[string]uint64, n int) map[string]float64 {
 func kindColumns(k map[string]float64) string {
 	return fmt.Sprintf("%10.1f %10.1f %10.1f %10.1f %10.1f", k[memstat.KindGuest], k[memstat.KindBase], k[memstat.KindPlatform], k[memstat.KindAnon], k[memstat.KindFile])
 }
+
+// eachRuntime runs scenario with each of runtimes in turn, each in
+// dir/scenario-<runtime>, and returns the results in that order.
+func eachRuntime[T any](dir, scenario string, runtimes []runtimeConfig, run func(base string, rt runtimeConfig) T) []T {
+	var results []T
+	for _, rt := range runtimes {
+		fmt.Fprintf(os.Stderr, "forkbench: %s, %s\n", scenario, rt.name)
+		results = append(results, run(filepath.Join(dir, scenario+"-"+rt.name), rt))
+	}
+	return results
+}

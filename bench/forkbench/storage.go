@@ -34,12 +34,9 @@ type StorageResult struct {
 // and parks it again, keeping every image.
 func storage(dir string, runtimes []runtimeConfig) []StorageResult {
 	const heapMiB, cycles = 256, 10
-	var out []StorageResult
-	for _, rt := range runtimes {
-		fmt.Fprintf(os.Stderr, "forkbench: storage, %s\n", rt.name)
-		out = append(out, storageRun(filepath.Join(dir, "storage-"+rt.name), rt, heapMiB, cycles))
-	}
-	return out
+	return eachRuntime(dir, "storage", runtimes, func(base string, rt runtimeConfig) StorageResult {
+		return storageRun(base, rt, heapMiB, cycles)
+	})
 }
 
 func storageRun(base string, rt runtimeConfig, heapMiB, cycles int) StorageResult {

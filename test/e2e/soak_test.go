@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -14,14 +13,7 @@ import (
 // soakRounds is the number of park/restore rounds of TestParkRestoreSoak:
 // SOAK_ROUNDS if set, else 100.
 func soakRounds(t *testing.T) int {
-	if s := os.Getenv("SOAK_ROUNDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 2 {
-			t.Fatalf("SOAK_ROUNDS=%q is not a number of at least 2", s)
-		}
-		return n
-	}
-	return 100
+	return envCount(t, "SOAK_ROUNDS", 100, 2)
 }
 
 // hostState is what a park/restore round must not leak on the host: the

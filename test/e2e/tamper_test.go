@@ -13,17 +13,25 @@ import (
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
+// envCount returns the number in the environment variable name, or def if
+// it is not set; a value below least fails the test.
+func envCount(t *testing.T, name string, def, least int) int {
+	t.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < least {
+		t.Fatalf("%s=%q is not a number of at least %d", name, s, least)
+	}
+	return n
+}
+
 // faultTrials is the number of trials per case of the fault tests:
 // FAULT_TRIALS if set (make faults sets it), else 3.
 func faultTrials(t *testing.T) int {
-	if s := os.Getenv("FAULT_TRIALS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("FAULT_TRIALS=%q is not a positive number", s)
-		}
-		return n
-	}
-	return 3
+	return envCount(t, "FAULT_TRIALS", 3, 1)
 }
 
 // faultRand returns a random source for a fault test, and logs its seed
