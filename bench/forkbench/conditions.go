@@ -43,8 +43,9 @@ func conditions() Conditions {
 		GoVersion:   runtime.Version(),
 		Args:        os.Args,
 		// Every scenario reads its images right after writing them, for
-		// every runtime alike; nothing drops caches.
-		PageCache: "warm (images read back right after they are written; caches never dropped)",
+		// every runtime alike; -cold drops them before each restore of the
+		// clone scenarios.
+		PageCache: pageCacheCondition(),
 	}
 	for _, b := range []string{*upstreamBin, *forkBin, *tickBin, *ociBin} {
 		c.Binaries[b] = fileSHA256(b)
@@ -126,4 +127,13 @@ func cpuModel() string {
 func readFile(p string) string {
 	b, _ := os.ReadFile(p)
 	return string(b)
+}
+
+// pageCacheCondition says what state the page cache is in when clones are
+// restored.
+func pageCacheCondition() string {
+	if *cold {
+		return "cold for clone scenarios (-cold: every image file written back and dropped with fadvise DONTNEED before each restore; pages that running clones map stay); other scenarios warm"
+	}
+	return "warm (images read back right after they are written; caches never dropped)"
 }

@@ -101,6 +101,7 @@ var (
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
 	workDir     = flag.String("work", "", "work directory (default: a new temporary directory, removed afterwards)")
 	jsonOut     = flag.String("json", "bench/out/forkbench.json", "where to write the JSON results")
+	cold        = flag.Bool("cold", false, "clone scenarios: before each restore, write back and drop the page cache of every file of the image (fadvise DONTNEED, for every runtime alike; pages that running clones map stay cached)")
 	logDir      = flag.String("log-dir", "", "if set, keep runsc debug logs (--debug) of every runtime and scenario under this directory; slows every runtime alike")
 )
 
@@ -382,6 +383,9 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 	for i := 0; i < sc.n; i++ {
 		id := fmt.Sprintf("clone%d", i)
 		out := filepath.Join(base, id+".out")
+		if *cold {
+			dropImageCache(image)
+		}
 		_, took, err := r.RestoreFirstTick(bundle, id, image, out, rt.restoreArgs...)
 		must(err)
 		if i == 0 {
