@@ -48,8 +48,8 @@ func readKSM(name string) int64 {
 
 // setKSMRun writes run (0: stopped, 1: running, 2: stopped and unmerge
 // everything) to KSM's control file.
-func setKSMRun(run int) {
-	must(os.WriteFile(filepath.Join(ksmDir, "run"), []byte(fmt.Sprint(run)), 0o644))
+func setKSMRun(run int64) error {
+	return os.WriteFile(filepath.Join(ksmDir, "run"), []byte(fmt.Sprint(run)), 0o644)
 }
 
 // ksmdCPU returns the CPU time ksmd has used.
@@ -223,7 +223,8 @@ func dedup(dir string, runtimes []runtimeConfig, n, payloadMiB int, d time.Durat
 	}
 	prevRun := readKSM("run")
 	restore := func() {
-		if err := os.WriteFile(filepath.Join(ksmDir, "run"), []byte(fmt.Sprint(prevRun)), 0o644); err != nil {
+		// Only logged: this also runs among fatalf's clean-ups.
+		if err := setKSMRun(prevRun); err != nil {
 			fmt.Fprintf(os.Stderr, "forkbench: dedup: restoring %s/run to %d: %v\n", ksmDir, prevRun, err)
 		}
 	}
@@ -245,11 +246,11 @@ func dedup(dir string, runtimes []runtimeConfig, n, payloadMiB int, d time.Durat
 	for _, c := range conditions {
 		fmt.Fprintf(os.Stderr, "forkbench: dedup, %s\n", c.name)
 		// Nothing merged by an earlier condition survives: run=2 unmerges.
-		setKSMRun(2)
+		must(setKSMRun(2))
 		g := c.newGroup()
 		g.ready(payloadMiB)
 		if c.ksm {
-			setKSMRun(1)
+			must(setKSMRun(1))
 		}
 		cpu0 := ksmdCPU()
 		times, pss := g.sample(d, 50*time.Millisecond)
@@ -265,7 +266,7 @@ func dedup(dir string, runtimes []runtimeConfig, n, payloadMiB int, d time.Durat
 			KsmdCPUMs:    ms(ksmdCPU() - cpu0),
 			PagesSharing: readKSM("pages_sharing"),
 		}
-		setKSMRun(2)
+		must(setKSMRun(2))
 		// Every payload reads back intact after sampling (merging and
 		// unmerging included).
 		g.checks(payloadMiB)

@@ -88,11 +88,7 @@ func dropImageCache(image string) {
 		}
 		f, err := os.Open(filepath.Join(image, e.Name()))
 		must(err)
-		st, err := f.Stat()
-		must(err)
-		if st.Size() > 0 {
-			dropFileCache(f, st.Size())
-		}
+		dropCache(f)
 		f.Close()
 	}
 }

@@ -41,9 +41,15 @@ type VerifyRun struct {
 // (fadvise DONTNEED: the file's pages only, not the whole host's), and
 // returns how many of its pages are still resident.
 func dropFileCache(f *os.File, size int64) int {
+	dropCache(f)
+	return residentPages(f, size)
+}
+
+// dropCache writes f back and drops its pages from the page cache (fadvise
+// DONTNEED: the file's pages only, not the whole host's).
+func dropCache(f *os.File) {
 	must(f.Sync())
 	must(unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
-	return residentPages(f, size)
 }
 
 // residentPages returns the number of f's first size bytes' pages in the
