@@ -12,7 +12,7 @@ UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvis
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
 FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/ ./runsc/config/ ./pkg/shim/v1/runsc/ ./pkg/shim/v1/proc/ ./runsc/boot/filter/config/ ./runsc/sandbox/ ./runsc/filestoreadopt/
 
-.PHONY: oci setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe kvserver clone-probe shim test test-fork test-harness vet demo flatten-table bench faults fuzz clean
+.PHONY: oci setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe kvserver clone-probe shim test test-fork test-harness vet demo flatten-table bench bench-phases bench-all faults fuzz clean
 
 all: runsc runsc-upstream tick cloneprobe kvserver shim oci
 
@@ -131,11 +131,32 @@ FAULT_TRIALS ?= 25
 faults: setup all
 	FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 80m -v -run 'TestTamperedImageRefused|TestKilledSharedBaseCheckpoint|TestFilestoreKilledCheckpoint' ./test/e2e/ 2>&1 | tee build/faults.log | grep -E 'fault summary|FAULT_SEED|^(--- |ok|FAIL)'
 
-# Every benchmark (every forkbench scenario, 3 repetitions of the clone
-# scenarios) and the pgalloc flatten table, then the plots.
-bench: setup all flatten-table
-	$(GO) run ./bench/forkbench -repeat 3 -json bench/out/forkbench.json
+# The benchmarks that fit in about 20 minutes here, in one table: readers
+# and writers (30%, 100%, CPython) cloned over a shared base, a re-park,
+# pre-started sandboxes, a burst of 16 restores and the cost of verifying a
+# base; 3 repetitions of the clone scenarios, runtimes alternating; then
+# the plots.
+BENCH_SCENARIOS ?= clones256,writer30,writer100,cpython,repark,prestarted,burst,verify
+bench: setup all
+	time $(GO) run ./bench/forkbench -scenarios $(BENCH_SCENARIOS) -repeat 3 -json bench/out/forkbench.json
 	$(GO) run ./bench/plot bench/out/forkbench.json
+
+# Where a restore's time goes, phase by phase, from runsc's debug logs of
+# every runtime (debug logging slows every runtime alike, so these runs are
+# apart from make bench's).
+bench-phases: setup all
+	rm -rf build/restore-logs
+	$(GO) run ./bench/forkbench -scenarios clones256,cpython -repeat 1 -log-dir build/restore-logs -json bench/out/phases.json
+	for s in clones256 cpython; do $(GO) run ./bench/restorephases build/restore-logs/$$s-upstream build/restore-logs/$$s-upstream-bg build/restore-logs/$$s-forkvisor; done
+
+# The long ones: every forkbench scenario (adds 2 GiB clones, writable
+# layers, the registry, HTTP clones, parked storage, density and the KSM
+# dedup curve), the same clone scenarios with a cold page cache, the
+# pgalloc flatten table and the restore phases.
+bench-all: setup all flatten-table bench-phases
+	time $(GO) run ./bench/forkbench -repeat 3 -json bench/out/forkbench-all.json
+	$(GO) run ./bench/plot bench/out/forkbench-all.json
+	$(GO) run ./bench/forkbench -scenarios clones256,writer30,cpython -repeat 3 -cold -json bench/out/forkbench-cold.json
 
 clean:
 	rm -rf build bin

@@ -13,33 +13,134 @@ import (
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
+// checkpointPhase is a phase of `runsc checkpoint --shared-base` that the
+// kill matrix aims at, and how a poller of the image directory sees that it
+// has begun. The phases follow the order of runsc/sandbox.Checkpoint.
+type checkpointPhase struct {
+	name  string
+	begun func(image string) bool
+}
+
+// sharedBaseCheckpointPhases are the phases of a --shared-base checkpoint
+// in the order a poller sees them begin: the sentry writes the state file's
+// first bytes before it exports the base, and the delta after.
+var sharedBaseCheckpointPhases = []checkpointPhase{
+	// Before the sandbox is paused: nothing is saved yet.
+	{"start", func(string) bool { return true }},
+	// The sentry has begun the image's files (paused).
+	{"state", func(image string) bool {
+		for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img"} {
+			if st, err := os.Stat(filepath.Join(image, name)); err == nil && st.Size() > 0 {
+				return true
+			}
+		}
+		return false
+	}},
+	// The sentry writes base.img, then the delta against it.
+	{"export", func(image string) bool {
+		var st syscall.Stat_t
+		return syscall.Stat(filepath.Join(image, "base.img"), &st) == nil && st.Blocks > 0
+	}},
+	// files.json is written; runsc waits for the sandbox to exit.
+	{"finish", func(image string) bool {
+		_, err := os.Stat(filepath.Join(image, "files.json"))
+		return err == nil
+	}},
+	// base.img is read-only: runsc digests it, links it into the base
+	// store and writes base.json.
+	{"publish", func(image string) bool {
+		st, err := os.Stat(filepath.Join(image, "base.img"))
+		return err == nil && st.Mode().Perm()&0o222 == 0
+	}},
+	// base.json is written: the image is complete, runsc is exiting.
+	{"recorded", func(image string) bool {
+		_, err := os.Stat(filepath.Join(image, "base.json"))
+		return err == nil
+	}},
+}
+
+// phaseStarts runs cmd to its end, polling image, and returns when each
+// phase was first seen to have begun, from the start of cmd (-1: never seen,
+// the phase was too short to see).
+func phaseStarts(t *testing.T, cmd *exec.Cmd, image string) ([]time.Duration, time.Duration, error) {
+	t.Helper()
+	starts := make([]time.Duration, len(sharedBaseCheckpointPhases))
+	for i := range starts {
+		starts[i] = -1
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		for i, p := range sharedBaseCheckpointPhases {
+			if starts[i] < 0 && p.begun(image) {
+				starts[i] = time.Since(start)
+			}
+		}
+		select {
+		case err := <-done:
+			return starts, time.Since(start), err
+		case <-time.After(200 * time.Microsecond):
+		}
+	}
+}
+
+// killInPhase starts cmd, waits until phase has begun in image, waits delay
+// more and kills cmd and the sandbox process pid (if it still is one). It
+// returns false if cmd ended before the kill.
+func killInPhase(t *testing.T, cmd *exec.Cmd, image string, phase checkpointPhase, delay time.Duration, pid int) bool {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for !phase.begun(image) {
+		select {
+		case <-done:
+			return false
+		case <-time.After(200 * time.Microsecond):
+		}
+	}
+	select {
+	case <-done:
+		return false
+	case <-time.After(delay):
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.Contains(string(cmdline), "runsc-sandbox") {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	<-done
+	return true
+}
+
 // TestKilledSharedBaseCheckpoint kills `runsc checkpoint --shared-base` and
-// the sandbox (sentry included) at random points from before the
-// checkpoint starts to when it ends (save, files.json, publish, base store,
-// base.json): once not at all, once at once, and FAULT_TRIALS times at
-// random within the time the first took (3; make faults runs more). Every
-// round must end either complete (the clone restores and its heap checks
-// out) or refused before the restore hands the image to a sandbox; never a
-// restore that starts from a half-written image. The random kills land
-// mostly while the sentry saves (the save is most of the time); FAULT_SEED
-// replays a run, and its log says where each kill landed.
+// the sandbox (sentry included) in every phase of the checkpoint
+// (sharedBaseCheckpointPhases: start, state, export, finish, publish,
+// recorded). The
+// first round is not killed: it completes however slow the machine, and
+// the phases' start times it shows bound the kills. Each later round aims
+// at one phase in turn: it waits until the image directory shows that the
+// phase has begun, then kills at a random point within the phase's length
+// in the first round (FAULT_TRIALS rounds per phase: 3; make faults runs
+// more). Every round must end either complete (the clone restores and its
+// heap checks out) or refused before the restore hands the image to a
+// sandbox; never a restore that starts from a half-written image. Kills in
+// "start" must be refused (nothing was saved), kills in "recorded" must
+// complete (base.json is the image's last file). FAULT_SEED replays a run.
 func TestKilledSharedBaseCheckpoint(t *testing.T) {
 	rng := faultRand(t)
-	rounds := faultTrials(t) + 2
-	var complete, refused int
-	// The first round is not killed: it completes however slow the
-	// machine, and its duration bounds the kills of the others. The second
-	// is killed at once (nothing saved: refused); the others at random
-	// within that duration.
+	phases := sharedBaseCheckpointPhases
+	rounds := 1 + faultTrials(t)*len(phases)
+	type tally struct{ killed, late, complete, refused int }
+	byPhase := make([]tally, len(phases))
+	var starts []time.Duration
 	var took time.Duration
 	for i := 0; i < rounds; i++ {
-		var delay time.Duration
-		switch {
-		case i == 0:
-			delay = -1
-		case i > 1:
-			delay = time.Duration(rng.Int63n(int64(took)))
-		}
 		src := startSource(t, "runsc", 32)
 		pid, err := src.r.SandboxPID("source")
 		if err != nil {
@@ -47,46 +148,79 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 		}
 		image := filepath.Join(src.dir, "image")
 		cmd := exec.Command(src.r.Bin, "--root", src.r.Root, "--network=none", "--platform=systrap", "checkpoint", "--shared-base", "--image-path", image, "source")
-		start := time.Now()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if delay >= 0 {
-			time.Sleep(delay)
-			cmd.Process.Signal(syscall.SIGKILL)
-			if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.Contains(string(cmdline), "runsc-sandbox") {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		err = cmd.Wait()
+		p := -1 // the phase killed in, or -1
+		var delay time.Duration
 		if i == 0 {
-			if err != nil {
+			if starts, took, err = phaseStarts(t, cmd, image); err != nil {
 				t.Fatalf("checkpoint that was not killed: %v", err)
 			}
-			took = time.Since(start)
-			t.Logf("a checkpoint takes %v: kills fall within it", took)
+			t.Logf("a checkpoint takes %v; its phases began at %v (-1: too short to see)", took, starts)
+			if starts[len(starts)-1] < 0 {
+				t.Fatalf("the unkilled checkpoint never showed a published base.img")
+			}
+		} else {
+			p = (i - 1) % len(phases)
+			// The phase lasts until the next one seen begins.
+			end := took
+			for _, s := range starts[p+1:] {
+				if s >= 0 {
+					end = s
+					break
+				}
+			}
+			if length := end - starts[p]; starts[p] >= 0 && length > 0 && p > 0 {
+				delay = time.Duration(rng.Int63n(int64(length)))
+			}
+			if killInPhase(t, cmd, image, phases[p], delay, pid) {
+				byPhase[p].killed++
+			} else {
+				// Not killed after all: it must restore like round 0.
+				byPhase[p].late++
+				t.Logf("round %d: the checkpoint ended before its kill in phase %s (+%v)", i, phases[p].name, delay)
+				p = -1
+			}
 		}
 		last := lastTick(t, src.out).N
 		src.r.Destroy("source")
 
 		id := fmt.Sprintf("round%d", i)
 		out := filepath.Join(src.dir, id+".out")
+		where := "not killed"
+		if p >= 0 {
+			where = fmt.Sprintf("killed in phase %s +%v", phases[p].name, delay)
+		}
 		tk, _, err := src.r.RestoreFirstTick(src.bundle, id, image, out)
 		if err != nil {
-			refused++
-			t.Logf("round %d (killed after %v): refused: %v", i, delay, lastLine(err.Error()))
+			if p < 0 {
+				t.Fatalf("round %d (%s): restore: %v", i, where, err)
+			}
+			byPhase[p].refused++
+			if phases[p].name == "recorded" {
+				t.Errorf("round %d (%s): an image whose base.json was written was refused: %v", i, where, err)
+			}
+			t.Logf("round %d (%s): refused: %v", i, where, lastLine(err.Error()))
 			if list, _ := src.r.Exec("list", "-quiet"); strings.Contains(list, id) {
 				// A restore that was refused must not have started.
 				t.Errorf("round %d: refused restore left container %s behind", i, id)
 			}
 			continue
 		}
-		complete++
-		t.Logf("round %d (killed after %v; -1: not killed): complete, restored", i, delay)
+		if p >= 0 && phases[p].name == "start" {
+			t.Errorf("round %d (%s): restored an image whose checkpoint was killed before it saved anything", i, where)
+		}
+		if p >= 0 {
+			byPhase[p].complete++
+		}
+		t.Logf("round %d (%s): complete, restored", i, where)
 		checkContinues(t, id, tk, last)
 		// Every tick checks 4 MiB of the heap: wait for a full pass.
 		waitTick(t, out, 0, "a full heap check", func(tk sandbox.Tick) bool { return tk.N >= last+32/4+1 })
 		src.r.Destroy(id)
 	}
-	t.Logf("fault summary: killed --shared-base checkpoint: %d rounds, %d complete and restored intact, %d refused", rounds, complete, refused)
+	var parts []string
+	for i, p := range phases {
+		b := byPhase[i]
+		parts = append(parts, fmt.Sprintf("%s %d killed (%d complete, %d refused, %d ended first)", p.name, b.killed, b.complete, b.refused, b.late))
+	}
+	t.Logf("fault summary: killed --shared-base checkpoint, %d rounds (round 0 not killed: complete): %s", rounds, strings.Join(parts, "; "))
 }

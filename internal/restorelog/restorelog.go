@@ -1,0 +1,203 @@
+// Package restorelog reads the phases of a `runsc restore` from runsc's
+// debug logs (--debug --debug-log=DIR/): the timeline that runsc's timing
+// package logs in the sandbox ("Timer for runsc boot", "Timer for Restore"),
+// the kernel load's statistics by object type ("Kernel load stats"), and
+// the start of the `runsc restore` command itself. It reads what upstream
+// runsc logs as well as forkvisor's, so both are measured the same way.
+package restorelog
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Phase is one phase of a restore: the time from the milestone From to the
+// milestone To, both as the sandbox logged them.
+type Phase struct {
+	Name     string
+	From, To string // milestones: a timeline midpoint, or StartMilestone/EndMilestone
+}
+
+// Milestones that are not timeline midpoints.
+const (
+	// StartMilestone is the first line of the `runsc restore` command's log.
+	StartMilestone = "runsc restore started"
+	// EndMilestone is the end of the sandbox's Restore timeline: the
+	// restored tasks have been started.
+	EndMilestone = "Restore ended"
+)
+
+// Phases are the phases of a restore in order, each from the end of the one
+// before; their lengths add up to the restore's total.
+var Phases = []Phase{
+	{"runsc restore → sandbox process runs", StartMilestone, "Go code running"},
+	{"chroot, capabilities", "Go code running", "capabilities applied"},
+	{"platform (systrap stubs)", "capabilities applied", "platform created"},
+	{"kernel, network, control server", "platform created", "notifying parent"},
+	{"waiting for the Restore RPC", "notifying parent", "cm.Restore RPC"},
+	{"open the image, memory file", "cm.Restore RPC", "restorer initialized"},
+	{"until the kernel load starts", "restorer initialized", "loading kernel"},
+	{"kernel state load (object graph)", "loading kernel", "Kernel loaded"},
+	{"memory, network stack, VFS", "Kernel loaded", "kernel loaded"},
+	{"start the restored tasks", "kernel loaded", EndMilestone},
+}
+
+// Restore is what one sandbox's logs say of its restore.
+type Restore struct {
+	// BootLog is the sandbox's log file.
+	BootLog string
+	// At maps each milestone to when it was logged.
+	At map[string]time.Time
+	// LoadStats are the kernel load's most expensive object types, as
+	// logged ("Kernel load stats"), most expensive first.
+	LoadStats []TypeStat
+}
+
+// TypeStat is the time the kernel load spent on objects of one type.
+type TypeStat struct {
+	Type  string
+	Total time.Duration
+	Count int
+}
+
+// Phase returns the length of p in r, or false if r lacks a milestone.
+func (r *Restore) Phase(p Phase) (time.Duration, bool) {
+	from, ok1 := r.At[p.From]
+	to, ok2 := r.At[p.To]
+	if !ok1 || !ok2 {
+		return 0, false
+	}
+	return to.Sub(from), true
+}
+
+// Total returns the time from StartMilestone to EndMilestone.
+func (r *Restore) Total() (time.Duration, bool) {
+	return r.Phase(Phase{From: StartMilestone, To: EndMilestone})
+}
+
+// glog's line header: level, MMDD, time.
+var lineTime = regexp.MustCompile(`^[DIWEF]\d{4} (\d\d:\d\d:\d\d\.\d{6}) `)
+
+// midpoint matches a timeline midpoint and a timeline's end.
+var (
+	midpoint = regexp.MustCompile(`Timeline .+? reached midpoint (.+) at \d\d:\d\d:`)
+	ended    = regexp.MustCompile(`Timeline Restore ended at `)
+	statLine = regexp.MustCompile(`^\s*(\S+) \|\s+(\d+) \|\s+\S+ \| (\S+)$`)
+)
+
+// parseTime parses glog's time of day; the logs of one restore are within
+// one day.
+func parseTime(s string) (time.Time, error) {
+	return time.Parse("15:04:05.000000", s)
+}
+
+// Dir reads every restore logged in dir: each sandbox log (*.boot.txt) with
+// a Restore timeline, with the `runsc restore` log of the same run
+// (*.restore.txt, same name before the suffix).
+func Dir(dir string) ([]*Restore, error) {
+	boots, err := filepath.Glob(filepath.Join(dir, "*.boot.txt"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(boots)
+	var rs []*Restore
+	for _, b := range boots {
+		r, err := readBoot(b)
+		if err != nil {
+			return nil, err
+		}
+		if r == nil {
+			continue // a sandbox that was started, not restored
+		}
+		cmd := strings.TrimSuffix(b, ".boot.txt") + ".restore.txt"
+		if t, err := firstTime(cmd); err == nil {
+			r.At[StartMilestone] = t
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
+}
+
+// readBoot reads a sandbox's log, or returns nil if it holds no restore.
+func readBoot(path string) (*Restore, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r := &Restore{BootLog: path, At: map[string]time.Time{}}
+	inStats := false
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if inStats {
+			if m := statLine.FindStringSubmatch(line); m != nil {
+				d, err1 := time.ParseDuration(m[1])
+				n, err2 := strconv.Atoi(m[2])
+				if err1 == nil && err2 == nil {
+					r.LoadStats = append(r.LoadStats, TypeStat{Type: m[3], Total: d, Count: n})
+				}
+				continue
+			}
+			if strings.HasPrefix(strings.TrimSpace(line), "total |") || strings.HasPrefix(line, "---") || strings.TrimSpace(line) == "" {
+				continue
+			}
+			inStats = false
+		}
+		m := lineTime.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		t, err := parseTime(m[1])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		switch {
+		case strings.Contains(line, "Kernel load stats:"):
+			inStats = true
+		case ended.MatchString(line):
+			r.At[EndMilestone] = t
+		default:
+			if mp := midpoint.FindStringSubmatch(line); mp != nil {
+				if _, seen := r.At[mp[1]]; !seen {
+					r.At[mp[1]] = t
+				}
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if _, ok := r.At["cm.Restore RPC"]; !ok {
+		return nil, nil
+	}
+	return r, nil
+}
+
+// firstTime returns the time of the first glog line of path.
+func firstTime(path string) (time.Time, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if m := lineTime.FindStringSubmatch(sc.Text()); m != nil {
+			return parseTime(m[1])
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return time.Time{}, err
+	}
+	return time.Time{}, fmt.Errorf("%s: no log line: %w", path, io.ErrUnexpectedEOF)
+}
