@@ -1,10 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"github.com/forkvisor/forkvisor/internal/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,9 +15,26 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/forkvisor/forkvisor/internal/prereq"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 	"github.com/forkvisor/forkvisor/internal/xfs"
 )
+
+// snapshotManifest mirrors runsc's filestores.json (filestoreadopt.Manifest:
+// the same fields in the same order), so that a test can rewrite it as
+// runsc writes it: indented by two spaces, with a final newline.
+type snapshotManifest struct {
+	Version     int    `json:"version"`
+	SnapshotSet string `json:"snapshot_set"`
+	Filestores  []struct {
+		File              string `json:"file"`
+		ResourceContainer string `json:"resource_container"`
+		ResourcePath      string `json:"resource_path"`
+		SizeBytes         uint64 `json:"size_bytes"`
+		ChunkCount        uint64 `json:"chunk_count"`
+		Fingerprint       string `json:"fingerprint"`
+	} `json:"filestores"`
+}
 
 // layerEnv is a source sandbox whose root filesystem (and so its self
 // filestore) lives on a loopback XFS with reflink.
@@ -303,19 +320,21 @@ func TestFilestoreRefusals(t *testing.T) {
 		mutate(dir)
 		return dir
 	}
-	manifest := func(dir string, edit func(m map[string]any)) {
+	// manifest rewrites filestores.json after edit, as runsc writes it
+	// (runsc refuses other bytes: "manifest not as written" below).
+	manifest := func(dir string, edit func(m *snapshotManifest)) {
 		path := filepath.Join(dir, "filestores.json")
 		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var m map[string]any
+		var m snapshotManifest
 		if err := json.Unmarshal(b, &m); err != nil {
 			t.Fatal(err)
 		}
-		edit(m)
-		b, _ = json.Marshal(m)
-		if err := os.WriteFile(path, b, 0o644); err != nil {
+		edit(&m)
+		b, _ = json.MarshalIndent(&m, "", "  ")
+		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -323,18 +342,28 @@ func TestFilestoreRefusals(t *testing.T) {
 	undersized := variant("undersized", func(d string) { os.Truncate(filepath.Join(d, "filestore-0.img"), 1<<20) })
 	tampered := variant("tampered", func(d string) { flipByteAt(t, filepath.Join(d, "filestore-0.img"), 0) })
 	duplicated := variant("duplicated", func(d string) {
-		manifest(d, func(m map[string]any) {
-			fs := m["filestores"].([]any)
-			m["filestores"] = append(fs, fs[0])
-		})
+		manifest(d, func(m *snapshotManifest) { m.Filestores = append(m.Filestores, m.Filestores[0]) })
 	})
 	otherContainer := variant("othercontainer", func(d string) {
-		manifest(d, func(m map[string]any) {
-			m["filestores"].([]any)[0].(map[string]any)["resource_container"] = "someone-else"
-		})
+		manifest(d, func(m *snapshotManifest) { m.Filestores[0].ResourceContainer = "someone-else" })
 	})
 	missingEntry := variant("missingentry", func(d string) {
-		manifest(d, func(m map[string]any) { m["filestores"].([]any)[0].(map[string]any)["resource_path"] = "/elsewhere" })
+		manifest(d, func(m *snapshotManifest) { m.Filestores[0].ResourcePath = "/elsewhere" })
+	})
+	// The same values, written compactly: refused as not runsc's bytes.
+	compact := variant("compact", func(d string) {
+		path := filepath.Join(d, "filestores.json")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, b); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	})
 	// Copies on the root filesystem (ext4 here), where reflink is impossible.
 	noReflink := filepath.Join(t.TempDir(), "noreflink")
@@ -357,6 +386,7 @@ func TestFilestoreRefusals(t *testing.T) {
 		{"duplicated entry", image, []string{"--filestore-adopt-dir=" + duplicated}, "twice"},
 		{"other container", image, []string{"--filestore-adopt-dir=" + otherContainer}, "belongs to container"},
 		{"entry not the checkpoint's", image, []string{"--filestore-adopt-dir=" + missingEntry}, "differs from the checkpoint's record"},
+		{"manifest not as written", image, []string{"--filestore-adopt-dir=" + compact}, "filestores.json is not as runsc writes it"},
 		{"no reflink", image, []string{"--filestore-adopt-dir=" + noReflink}, "reflink"},
 		{"snapshot of another checkpoint", image, []string{"--filestore-adopt-dir=" + otherSnap}, "but the checkpoint in " + image + " was taken with snapshot set"},
 		{"image marker of another checkpoint", swappedMarker, []string{"--filestore-adopt-dir=" + otherSnap}, "they belong to different checkpoints"},
