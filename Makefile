@@ -131,7 +131,7 @@ FAULT_TRIALS ?= 25
 faults: setup all
 	FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 80m -v -run 'TestTamperedImageRefused|TestKilledSharedBaseCheckpoint|TestFilestoreKilledCheckpoint' ./test/e2e/ 2>&1 | tee build/faults.log | grep -E 'fault summary|FAULT_SEED|^(--- |ok|FAIL)'
 
-# The benchmarks that fit in about 20 minutes here, in one table: readers
+# The benchmarks that fit in about 10 minutes here: readers
 # and writers (30%, 100%, CPython) cloned over a shared base, a re-park,
 # pre-started sandboxes, a burst of 16 restores and the cost of verifying a
 # base; 3 repetitions of the clone scenarios, runtimes alternating; then
@@ -147,7 +147,7 @@ bench: setup all
 bench-phases: setup all
 	rm -rf build/restore-logs
 	$(GO) run ./bench/forkbench -scenarios clones256,cpython -repeat 1 -log-dir build/restore-logs -json bench/out/phases.json
-	for s in clones256 cpython; do $(GO) run ./bench/restorephases build/restore-logs/$$s-upstream build/restore-logs/$$s-upstream-bg build/restore-logs/$$s-forkvisor; done
+	for s in clones256 cpython; do $(GO) run ./bench/restorephases build/restore-logs/$$s-upstream build/restore-logs/$$s-upstream-bg build/restore-logs/$$s-forkvisor || exit 1; done
 
 # The long ones: every forkbench scenario (adds 2 GiB clones, writable
 # layers, the registry, HTTP clones, parked storage, density and the KSM

@@ -124,6 +124,13 @@ type Result struct {
 	// appeared: the runtime's own work for the restore.
 	RestoreCPUMs    []float64 `json:"restore_cpu_ms,omitempty"`
 	RestoreCPUP50Ms float64   `json:"restore_cpu_p50_ms,omitempty"`
+	// PassMs is, per clone after the first, how long the workload's first
+	// pass over its state after the restore took in the guest, as its first
+	// output says (pyagent's pass_ms; none for workloads that do not say);
+	// FirstPassMs is the same for the first clone of each repeat.
+	PassMs      []float64 `json:"pass_ms,omitempty"`
+	PassP50Ms   float64   `json:"pass_p50_ms,omitempty"`
+	FirstPassMs []float64 `json:"first_pass_ms,omitempty"`
 
 	TotalPssMiB    float64   `json:"total_pss_mib"`  // all processes of all clones
 	SentryPssMiB   float64   `json:"sentry_pss_mib"` // sentries only
@@ -324,11 +331,14 @@ func mergeRuns(runs []Result) Result {
 	res.RestoreMs = nil
 	res.FirstRestoreMs = nil
 	res.RestoreCPUMs = nil
+	res.PassMs, res.FirstPassMs = nil, nil
 	var ckpt, pss, sentry, rss []float64
 	for _, r := range runs {
 		res.RestoreMs = append(res.RestoreMs, r.RestoreMs...)
 		res.FirstRestoreMs = append(res.FirstRestoreMs, r.FirstRestoreMs...)
 		res.RestoreCPUMs = append(res.RestoreCPUMs, r.RestoreCPUMs...)
+		res.PassMs = append(res.PassMs, r.PassMs...)
+		res.FirstPassMs = append(res.FirstPassMs, r.FirstPassMs...)
 		ckpt = append(ckpt, r.CheckpointMs)
 		pss = append(pss, r.TotalPssMiB)
 		sentry = append(sentry, r.SentryPssMiB)
@@ -340,6 +350,7 @@ func mergeRuns(runs []Result) Result {
 	res.PssSamplesMiB = pss
 	res.RestoreP50Ms, res.RestoreMaxMs = median(res.RestoreMs), maxOf(res.RestoreMs)
 	res.RestoreCPUP50Ms = median(res.RestoreCPUMs)
+	res.PassP50Ms = median(res.PassMs)
 	res.Repeats = len(runs)
 	return res
 }
@@ -386,9 +397,12 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 		if *cold {
 			dropImageCache(image)
 		}
-		_, took, err := r.RestoreFirstTick(bundle, id, image, out, rt.restoreArgs...)
+		tk, took, err := r.RestoreFirstTick(bundle, id, image, out, rt.restoreArgs...)
 		must(err)
 		if i == 0 {
+			if tk.PassMs > 0 {
+				res.FirstPassMs = append(res.FirstPassMs, tk.PassMs)
+			}
 			// The first restore of a base learns its write set (forkvisor);
 			// report it apart, for every runtime, and let the learning
 			// finish before the next clone, as it would for clones that
@@ -401,6 +415,9 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 			}
 		} else {
 			res.RestoreMs = append(res.RestoreMs, ms(took))
+			if tk.PassMs > 0 {
+				res.PassMs = append(res.PassMs, tk.PassMs)
+			}
 			if cpu, err := r.SentryCPU(id); err == nil {
 				res.RestoreCPUMs = append(res.RestoreCPUMs, ms(cpu))
 			} else {
@@ -412,6 +429,7 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 	}
 	res.RestoreP50Ms, res.RestoreMaxMs = median(res.RestoreMs), maxOf(res.RestoreMs)
 	res.RestoreCPUP50Ms = median(res.RestoreCPUMs)
+	res.PassP50Ms = median(res.PassMs)
 
 	// Let every clone read its whole heap, then measure.
 	for _, out := range outs {
@@ -489,6 +507,19 @@ func printTable(results []Result) {
 			haveLayers = true
 		}
 		fmt.Printf("%-12s %-10s %9d %9.0f %9.0f %12.0f %14.1f %14.1f\n", r.Scenario, r.Runtime, r.LayerMiB, r.CheckpointMs, r.FreezeMs, r.RestoreP50Ms, mib(r.ImageBytes), mib(r.SnapshotBytes))
+	}
+	// The workload's own first pass after restore, where it says.
+	havePass := false
+	for _, r := range results {
+		if len(r.PassMs) == 0 {
+			continue
+		}
+		if !havePass {
+			fmt.Println()
+			havePass = true
+		}
+		fmt.Printf("%-10s %-11s first pass over the state after restore, in the guest: p50 %.0f ms (%d clones), first clone %s ms\n",
+			r.Scenario, r.Runtime, r.PassP50Ms, len(r.PassMs), joinMs(r.FirstPassMs))
 	}
 	// Ratios, forkvisor over upstream.
 	by := map[string]map[string]Result{}
@@ -593,6 +624,15 @@ func median(v []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// joinMs formats samples in milliseconds, comma-separated.
+func joinMs(v []float64) string {
+	var parts []string
+	for _, x := range v {
+		parts = append(parts, fmt.Sprintf("%.0f", x))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func maxOf(v []float64) float64 {

@@ -2,7 +2,8 @@
 // by phase (restorelog.Phases), from runsc's debug logs: for each directory
 // given (one per runtime, as `forkbench -log-dir DIR` writes them:
 // DIR/<scenario>-<runtime>), the first restore and the median of the others,
-// and the kernel load's most expensive object types.
+// and the kernel load's most expensive object types. Each phase's median is
+// taken on its own, so the medians need not add up to the median total.
 //
 //	go run ./bench/forkbench -scenarios clones256 -log-dir /tmp/rl
 //	go run ./bench/restorephases /tmp/rl/clones256-*

@@ -9,7 +9,6 @@ package restorelog
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -84,19 +83,28 @@ func (r *Restore) Total() (time.Duration, bool) {
 }
 
 // glog's line header: level, MMDD, time.
-var lineTime = regexp.MustCompile(`^[DIWEF]\d{4} (\d\d:\d\d:\d\d\.\d{6}) `)
+var lineHeader = regexp.MustCompile(`^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} `)
 
-// midpoint matches a timeline midpoint and a timeline's end.
+// A timeline midpoint and the Restore timeline's end, each with the time it
+// happened (which can be milliseconds before its line was logged), and a
+// row of the kernel load's statistics.
 var (
-	midpoint = regexp.MustCompile(`Timeline .+? reached midpoint (.+) at \d\d:\d\d:`)
-	ended    = regexp.MustCompile(`Timeline Restore ended at `)
+	midpoint = regexp.MustCompile(`Timeline .+? reached midpoint (.+) at \S+ \(unix nanos: (\d+)\)`)
+	ended    = regexp.MustCompile(`Timeline Restore ended at \S+ \(unix nanos: (\d+)\)`)
 	statLine = regexp.MustCompile(`^\s*(\S+) \|\s+(\d+) \|\s+\S+ \| (\S+)$`)
 )
 
-// parseTime parses glog's time of day; the logs of one restore are within
-// one day.
-func parseTime(s string) (time.Time, error) {
-	return time.Parse("15:04:05.000000", s)
+// logNameTime matches the time in the name runsc gives a debug log
+// (runsc.log.20261202-000405.972870.restore.txt): when the command started.
+var logNameTime = regexp.MustCompile(`\.(\d{8}-\d{6}\.\d{6})\.[a-z]+\.txt$`)
+
+// unixNanos parses a decimal count of nanoseconds since the epoch.
+func unixNanos(s string) (time.Time, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.Unix(0, n), nil
 }
 
 // Dir reads every restore logged in dir: each sandbox log (*.boot.txt) with
@@ -117,9 +125,15 @@ func Dir(dir string) ([]*Restore, error) {
 		if r == nil {
 			continue // a sandbox that was started, not restored
 		}
+		// The restore command's log has the same name but for its suffix;
+		// the name says when the command started.
 		cmd := strings.TrimSuffix(b, ".boot.txt") + ".restore.txt"
-		if t, err := firstTime(cmd); err == nil {
-			r.At[StartMilestone] = t
+		if _, err := os.Stat(cmd); err == nil {
+			if m := logNameTime.FindStringSubmatch(cmd); m != nil {
+				if t, err := time.ParseInLocation("20060102-150405.000000", m[1], time.Local); err == nil {
+					r.At[StartMilestone] = t
+				}
+			}
 		}
 		rs = append(rs, r)
 	}
@@ -140,7 +154,7 @@ func readBoot(path string) (*Restore, error) {
 	for sc.Scan() {
 		line := sc.Text()
 		if inStats {
-			if m := statLine.FindStringSubmatch(line); m != nil {
+			if m := statLine.FindStringSubmatch(line); m != nil && m[3] != "[all]" {
 				d, err1 := time.ParseDuration(m[1])
 				n, err2 := strconv.Atoi(m[2])
 				if err1 == nil && err2 == nil {
@@ -148,30 +162,35 @@ func readBoot(path string) (*Restore, error) {
 				}
 				continue
 			}
-			if strings.HasPrefix(strings.TrimSpace(line), "total |") || strings.HasPrefix(line, "---") || strings.TrimSpace(line) == "" {
+			if statLine.MatchString(line) || strings.HasPrefix(strings.TrimSpace(line), "total |") || strings.HasPrefix(line, "---") || strings.TrimSpace(line) == "" {
 				continue
 			}
 			inStats = false
 		}
-		m := lineTime.FindStringSubmatch(line)
-		if m == nil {
+		if !lineHeader.MatchString(line) {
 			continue
 		}
-		t, err := parseTime(m[1])
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		switch {
-		case strings.Contains(line, "Kernel load stats:"):
+		if strings.Contains(line, "Kernel load stats:") {
 			inStats = true
-		case ended.MatchString(line):
-			r.At[EndMilestone] = t
-		default:
-			if mp := midpoint.FindStringSubmatch(line); mp != nil {
-				if _, seen := r.At[mp[1]]; !seen {
-					r.At[mp[1]] = t
-				}
-			}
+			continue
+		}
+		name, nanos := "", ""
+		if m := ended.FindStringSubmatch(line); m != nil {
+			name, nanos = EndMilestone, m[1]
+		} else if m := midpoint.FindStringSubmatch(line); m != nil {
+			name, nanos = m[1], m[2]
+		} else {
+			continue
+		}
+		t, err := unixNanos(nanos)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", path, line, err)
+		}
+		// A midpoint's first occurrence counts (timelines share a few
+		// names, e.g. "systrap memory file created"; Phases uses none of
+		// those).
+		if _, seen := r.At[name]; !seen {
+			r.At[name] = t
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -181,23 +200,4 @@ func readBoot(path string) (*Restore, error) {
 		return nil, nil
 	}
 	return r, nil
-}
-
-// firstTime returns the time of the first glog line of path.
-func firstTime(path string) (time.Time, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return time.Time{}, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if m := lineTime.FindStringSubmatch(sc.Text()); m != nil {
-			return parseTime(m[1])
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return time.Time{}, err
-	}
-	return time.Time{}, fmt.Errorf("%s: no log line: %w", path, io.ErrUnexpectedEOF)
 }

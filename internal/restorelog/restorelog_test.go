@@ -1,43 +1,73 @@
 package restorelog
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
 
-// A sandbox log as runsc writes it (trimmed): the boot timeline, the
-// Restore timeline with a nested one, and the kernel load's statistics.
-const bootLog = `I1202 00:04:06.038204       1 cli.go:275] **************** gVisor ****************
-D1202 00:04:06.039235       1 timing.go:125] Timer for runsc boot: Timeline runsc boot reached midpoint Go code running at 00:04:06.037661527 (unix nanos: 1)
-D1202 00:04:06.057695       1 timing.go:125] Timer for runsc boot: Timeline runsc boot reached midpoint capabilities applied at 00:04:06.057694191 (unix nanos: 1)
-D1202 00:04:06.077000       1 timing.go:125] Timer for runsc boot: Timeline runsc boot reached midpoint platform created at 00:04:06.077000000 (unix nanos: 1)
-D1202 00:04:06.095669       1 timing.go:125] Timer for runsc boot: Timeline runsc boot reached midpoint notifying parent at 00:04:06.095667867 (unix nanos: 1)
-D1202 00:04:06.105627       1 timing.go:125] Timer for Restore: Timeline Restore reached midpoint cm.Restore RPC at 00:04:06.105619017 (unix nanos: 1)
-D1202 00:04:06.126727       1 timing.go:125] Timer for Restore: Timeline Restore reached midpoint restorer initialized at 00:04:06.126725414 (unix nanos: 1)
-D1202 00:04:06.143430       1 timing.go:125] Timer for Restore: Timeline Restore reached midpoint loading kernel at 00:04:06.143430000 (unix nanos: 1)
-I1202 00:04:06.232842       1 kernel.go:1012] Kernel load stats: 
-           total |    count |              per | type
------------------+----------+------------------+----------------
-       46.7088ms |        1 |        46.7088ms | state.default
-      5.637785ms |     4015 |          1.404µs | pkg/atomicbitops.Uint32
-D1202 00:04:06.233023       1 timing.go:125] Timer for Restore: Timeline Restore/kernel load reached midpoint Kernel loaded at 00:04:06.233023000 (unix nanos: 1)
-D1202 00:04:06.291215       1 timing.go:125] Timer for Restore: Timeline Restore reached midpoint kernel loaded at 00:04:06.291215000 (unix nanos: 1)
-D1202 00:04:06.297645       1 timing.go:246] Timer for Restore: Timeline Restore ended at 00:04:06.297626015 (unix nanos: 1)
-`
+// logLine formats a timeline line as runsc's timing package logs it: the
+// line is written lag after the milestone happened at.
+func logLine(timeline, name string, at time.Time, lag time.Duration) string {
+	logged := at.Add(lag)
+	verb := "reached midpoint " + name
+	if name == EndMilestone {
+		verb = "ended"
+	}
+	return fmt.Sprintf("D%s       1 timing.go:125] Timer for %s: Timeline %s %s at %s (unix nanos: %d)\n",
+		logged.Format("0102 15:04:05.000000"), timeline, timeline, verb, at.Format("15:04:05.000000000"), at.UnixNano())
+}
 
 func TestDir(t *testing.T) {
+	// The restore command starts at start (its log's name says so); each
+	// milestone happens at its offset and is logged 2 ms later, across
+	// midnight.
+	start := time.Date(2026, 12, 1, 23, 59, 59, 950000000, time.Local)
+	milestones := []struct {
+		timeline, name string
+		at             time.Duration
+	}{
+		{"runsc boot", "Go code running", 40 * time.Millisecond},
+		{"runsc boot", "capabilities applied", 60 * time.Millisecond},
+		{"runsc boot", "platform created", 80 * time.Millisecond},
+		{"runsc boot", "notifying parent", 85 * time.Millisecond},
+		{"Restore", "cm.Restore RPC", 100 * time.Millisecond},
+		{"Restore", "restorer initialized", 110 * time.Millisecond},
+		{"Restore", "loading kernel", 120 * time.Millisecond},
+		{"Restore/kernel load", "Kernel loaded", 200 * time.Millisecond},
+		{"Restore", "kernel loaded", 210 * time.Millisecond},
+		{"Restore", EndMilestone, 230 * time.Millisecond},
+	}
+	var boot strings.Builder
+	for _, m := range milestones {
+		boot.WriteString(logLine(m.timeline, m.name, start.Add(m.at), 2*time.Millisecond))
+		if m.name == "loading kernel" {
+			boot.WriteString("I1202 00:00:00.150000       1 kernel.go:1012] Kernel load stats: \n" +
+				"           total |    count |              per | type\n" +
+				"-----------------+----------+------------------+----------------\n" +
+				"       46.7088ms |        1 |        46.7088ms | state.default\n" +
+				"      5.637785ms |     4015 |          1.404µs | pkg/atomicbitops.Uint32\n" +
+				"-----------------+----------+------------------+----------------\n" +
+				"     65.689587ms |    15787 |           4.16µs | [all]\n")
+		}
+	}
+	// A midpoint logged again later does not move it.
+	boot.WriteString(logLine("Restore", "loading kernel", start.Add(time.Second), 0))
+
 	dir := t.TempDir()
 	write := func(name, s string) {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	write("runsc.log.1.boot.txt", bootLog)
-	write("runsc.log.1.restore.txt", "I1202 00:04:05.975334   21974 cli.go:275] **************** gVisor ****************\n")
+	stamp := start.Format("20060102-150405.000000")
+	write("runsc.log."+stamp+".boot.txt", boot.String())
+	write("runsc.log."+stamp+".restore.txt", "I1201 23:59:59.951000   21974 cli.go:275] **************** gVisor ****************\n")
 	// A sandbox that was started, not restored, is not a restore.
-	write("runsc.log.0.boot.txt", "D1202 00:04:01.000000       1 timing.go:125] Timer for runsc boot: Timeline runsc boot reached midpoint Go code running at 00:04:01.0 (unix nanos: 1)\n")
+	write("runsc.log.20261201-235900.000000.boot.txt", logLine("runsc boot", "Go code running", start.Add(-time.Minute), 0))
 
 	rs, err := Dir(dir)
 	if err != nil {
@@ -51,11 +81,11 @@ func TestDir(t *testing.T) {
 		phase string
 		want  time.Duration
 	}{
-		{"runsc restore → sandbox process runs", 63901 * time.Microsecond},
-		{"waiting for the Restore RPC", 9958 * time.Microsecond},
-		{"kernel state load (object graph)", 89593 * time.Microsecond},
-		{"memory, network stack, VFS", 58192 * time.Microsecond},
-		{"start the restored tasks", 6430 * time.Microsecond},
+		{"runsc restore → sandbox process runs", 40 * time.Millisecond},
+		{"waiting for the Restore RPC", 15 * time.Millisecond},
+		{"kernel state load (object graph)", 80 * time.Millisecond},
+		{"memory, network stack, VFS", 10 * time.Millisecond},
+		{"start the restored tasks", 20 * time.Millisecond},
 	} {
 		var got time.Duration
 		var ok bool
@@ -68,8 +98,8 @@ func TestDir(t *testing.T) {
 			t.Errorf("phase %q = %v, %v; want %v", tc.phase, got, ok, tc.want)
 		}
 	}
-	if total, ok := r.Total(); !ok || total != 322311*time.Microsecond {
-		t.Errorf("Total() = %v, %v; want 322.311ms", total, ok)
+	if total, ok := r.Total(); !ok || total != 230*time.Millisecond {
+		t.Errorf("Total() = %v, %v; want 230ms", total, ok)
 	}
 	// The phases cover the restore without gaps or overlaps.
 	var sum time.Duration

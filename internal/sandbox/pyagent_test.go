@@ -213,8 +213,8 @@ func TestPyAgentOnHost(t *testing.T) {
 	}
 	for _, l := range Lines(out)[1:] {
 		tk, err := ParseTick(l)
-		if err != nil || !tk.OK {
-			t.Errorf("line %q: %+v, %v; want a tick with sum=ok", l, tk, err)
+		if err != nil || !tk.OK || tk.PassMs <= 0 {
+			t.Errorf("line %q: %+v, %v; want a tick with sum=ok and the pass's time", l, tk, err)
 		}
 	}
 }

@@ -17,9 +17,13 @@ type Tick struct {
 	// -file) and mark.
 	File     string
 	FileMark string
+	// PassMs is how long the pass over the state that the line reports
+	// took, in the guest, in milliseconds (pyagent's pass_ms; 0 if the
+	// line has none).
+	PassMs float64
 }
 
-// ParseTick parses "tick=N mib=M sum=ok|BAD [mark=HEX]".
+// ParseTick parses "tick=N mib=M sum=ok|BAD [mark=HEX] [pass_ms=MS]".
 func ParseTick(line string) (Tick, error) {
 	var t Tick
 	seen := 0
@@ -45,6 +49,8 @@ func ParseTick(line string) (Tick, error) {
 			t.File = v
 		case "filemark":
 			t.FileMark = v
+		case "pass_ms":
+			t.PassMs, err = strconv.ParseFloat(v, 64)
 		}
 		if err != nil {
 			return Tick{}, fmt.Errorf("tick line %q: %w", line, err)

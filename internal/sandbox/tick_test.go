@@ -13,6 +13,8 @@ func TestParseTick(t *testing.T) {
 	}{
 		{"tick=12 mib=256 sum=ok", Tick{N: 12, MiB: 256, OK: true}, true},
 		{"tick=0 mib=1 sum=BAD mark=af03", Tick{N: 0, MiB: 1, OK: false, Mark: "af03"}, true},
+		{"tick=4 mib=90 sum=ok mark=0 pass_ms=212.5", Tick{N: 4, MiB: 90, OK: true, Mark: "0", PassMs: 212.5}, true},
+		{"tick=4 mib=90 sum=ok pass_ms=fast", Tick{}, false},
 		{"tick=x mib=1 sum=ok", Tick{}, false},
 		{"hello", Tick{}, false},
 		{"tick=3 sum=ok", Tick{}, false},

@@ -25,7 +25,9 @@ type checkpointPhase struct {
 // in the order a poller sees them begin: the sentry writes the state file's
 // first bytes before it exports the base, and the delta after.
 var sharedBaseCheckpointPhases = []checkpointPhase{
-	// Before the sandbox is paused: nothing is saved yet.
+	// From runsc's start until the image's first bytes: runsc creates the
+	// image directory and its empty files, the sandbox pauses. Nothing is
+	// saved yet.
 	{"start", func(string) bool { return true }},
 	// The sentry has begun the image's files (paused).
 	{"state", func(image string) bool {
@@ -59,9 +61,13 @@ var sharedBaseCheckpointPhases = []checkpointPhase{
 	}},
 }
 
+// checkpointDeadline bounds one checkpoint of the matrix: a hung one fails
+// the round instead of the whole test's timeout.
+const checkpointDeadline = 2 * time.Minute
+
 // phaseStarts runs cmd to its end, polling image, and returns when each
 // phase was first seen to have begun, from the start of cmd (-1: never seen,
-// the phase was too short to see).
+// the phase was too short to see), and how long cmd took.
 func phaseStarts(t *testing.T, cmd *exec.Cmd, image string) ([]time.Duration, time.Duration, error) {
 	t.Helper()
 	starts := make([]time.Duration, len(sharedBaseCheckpointPhases))
@@ -74,6 +80,7 @@ func phaseStarts(t *testing.T, cmd *exec.Cmd, image string) ([]time.Duration, ti
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	deadline := time.After(checkpointDeadline)
 	for {
 		for i, p := range sharedBaseCheckpointPhases {
 			if starts[i] < 0 && p.begun(image) {
@@ -83,6 +90,10 @@ func phaseStarts(t *testing.T, cmd *exec.Cmd, image string) ([]time.Duration, ti
 		select {
 		case err := <-done:
 			return starts, time.Since(start), err
+		case <-deadline:
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("checkpoint still running after %v", checkpointDeadline)
 		case <-time.After(200 * time.Microsecond):
 		}
 	}
@@ -90,56 +101,75 @@ func phaseStarts(t *testing.T, cmd *exec.Cmd, image string) ([]time.Duration, ti
 
 // killInPhase starts cmd, waits until phase has begun in image, waits delay
 // more and kills cmd and the sandbox process pid (if it still is one). It
-// returns false if cmd ended before the kill.
-func killInPhase(t *testing.T, cmd *exec.Cmd, image string, phase checkpointPhase, delay time.Duration, pid int) bool {
+// returns whether the kill ended cmd; if cmd ended by itself first, it
+// returns false and how it ended.
+func killInPhase(t *testing.T, cmd *exec.Cmd, image string, phase checkpointPhase, delay time.Duration, pid int) (bool, error) {
 	t.Helper()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	deadline := time.After(checkpointDeadline)
 	for !phase.begun(image) {
 		select {
-		case <-done:
-			return false
+		case err := <-done:
+			return false, err
+		case <-deadline:
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("checkpoint still running after %v, phase %s not seen", checkpointDeadline, phase.name)
 		case <-time.After(200 * time.Microsecond):
 		}
 	}
 	select {
-	case <-done:
-		return false
+	case err := <-done:
+		return false, err
 	case <-time.After(delay):
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.Contains(string(cmdline), "runsc-sandbox") {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
-	<-done
-	return true
+	err := <-done
+	// runsc may have exited by itself just before the signal: only a death
+	// by SIGKILL is a kill.
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+		return true, nil
+	}
+	return false, err
 }
+
+// calibrationRounds is the number of unkilled checkpoints whose phase
+// lengths bound the kills: the shortest of each phase is taken, so that a
+// slow first round does not aim kills past a phase's end.
+const calibrationRounds = 3
 
 // TestKilledSharedBaseCheckpoint kills `runsc checkpoint --shared-base` and
 // the sandbox (sentry included) in every phase of the checkpoint
 // (sharedBaseCheckpointPhases: start, state, export, finish, publish,
-// recorded). The
-// first round is not killed: it completes however slow the machine, and
-// the phases' start times it shows bound the kills. Each later round aims
-// at one phase in turn: it waits until the image directory shows that the
-// phase has begun, then kills at a random point within the phase's length
-// in the first round (FAULT_TRIALS rounds per phase: 3; make faults runs
-// more). Every round must end either complete (the clone restores and its
-// heap checks out) or refused before the restore hands the image to a
-// sandbox; never a restore that starts from a half-written image. Kills in
-// "start" must be refused (nothing was saved), kills in "recorded" must
-// complete (base.json is the image's last file). FAULT_SEED replays a run.
+// recorded). The first calibrationRounds rounds are not killed: they
+// complete however slow the machine, and when the image directory showed
+// each phase begin bounds the kills. Each later round aims at one phase in
+// turn: it waits until the image directory shows that the phase has begun,
+// then kills at a random point within the phase's shortest length in the
+// unkilled rounds (FAULT_TRIALS rounds per phase: 3; make faults runs
+// more). A round whose checkpoint ended before its kill is not a kill: it
+// must restore like an unkilled one. Every killed round must end either
+// complete (the clone restores and its heap checks out) or refused before
+// the restore hands the image to a sandbox; never a restore that starts
+// from a half-written image. Kills in "start" (up to the image's first
+// bytes) must be refused, kills in "recorded" (runsc exiting after
+// base.json) must complete. FAULT_SEED replays a run.
 func TestKilledSharedBaseCheckpoint(t *testing.T) {
 	rng := faultRand(t)
 	phases := sharedBaseCheckpointPhases
-	rounds := 1 + faultTrials(t)*len(phases)
+	rounds := calibrationRounds + faultTrials(t)*len(phases)
 	type tally struct{ killed, late, complete, refused int }
 	byPhase := make([]tally, len(phases))
-	var starts []time.Duration
-	var took time.Duration
+	// lengths[p] is phase p's shortest length in the unkilled rounds (-1:
+	// not seen in one of them).
+	lengths := make([]time.Duration, len(phases))
 	for i := 0; i < rounds; i++ {
 		src := startSource(t, "runsc", 32)
 		pid, err := src.r.SandboxPID("source")
@@ -150,31 +180,43 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 		cmd := exec.Command(src.r.Bin, "--root", src.r.Root, "--network=none", "--platform=systrap", "checkpoint", "--shared-base", "--image-path", image, "source")
 		p := -1 // the phase killed in, or -1
 		var delay time.Duration
-		if i == 0 {
-			if starts, took, err = phaseStarts(t, cmd, image); err != nil {
+		if i < calibrationRounds {
+			starts, took, err := phaseStarts(t, cmd, image)
+			if err != nil {
 				t.Fatalf("checkpoint that was not killed: %v", err)
 			}
-			t.Logf("a checkpoint takes %v; its phases began at %v (-1: too short to see)", took, starts)
-			if starts[len(starts)-1] < 0 {
-				t.Fatalf("the unkilled checkpoint never showed a published base.img")
-			}
-		} else {
-			p = (i - 1) % len(phases)
-			// The phase lasts until the next one seen begins.
-			end := took
-			for _, s := range starts[p+1:] {
-				if s >= 0 {
-					end = s
-					break
+			t.Logf("round %d, not killed: the checkpoint takes %v; its phases began at %v", i, took, starts)
+			for q := range phases {
+				end := took
+				if q+1 < len(phases) {
+					end = starts[q+1]
+				}
+				length := end - starts[q]
+				if starts[q] < 0 || end < 0 || length < 0 {
+					// Not seen, or seen out of order: no aim within it.
+					t.Logf("round %d: phase %s not seen in order; its kills land when it is seen", i, phases[q].name)
+					length = -1
+				}
+				if i == 0 || (lengths[q] >= 0 && (length < 0 || length < lengths[q])) {
+					lengths[q] = length
 				}
 			}
-			if length := end - starts[p]; starts[p] >= 0 && length > 0 && p > 0 {
-				delay = time.Duration(rng.Int63n(int64(length)))
+			if starts[len(starts)-1] < 0 {
+				t.Fatalf("the unkilled checkpoint never showed base.json")
 			}
-			if killInPhase(t, cmd, image, phases[p], delay, pid) {
+		} else {
+			p = (i - calibrationRounds) % len(phases)
+			if lengths[p] > 0 {
+				delay = time.Duration(rng.Int63n(int64(lengths[p])))
+			}
+			killed, err := killInPhase(t, cmd, image, phases[p], delay, pid)
+			if killed {
 				byPhase[p].killed++
 			} else {
-				// Not killed after all: it must restore like round 0.
+				if err != nil {
+					t.Fatalf("round %d: the checkpoint failed by itself before its kill in phase %s: %v", i, phases[p].name, err)
+				}
+				// Not killed after all: it must restore like an unkilled one.
 				byPhase[p].late++
 				t.Logf("round %d: the checkpoint ended before its kill in phase %s (+%v)", i, phases[p].name, delay)
 				p = -1
@@ -189,8 +231,8 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 		if p >= 0 {
 			where = fmt.Sprintf("killed in phase %s +%v", phases[p].name, delay)
 		}
-		tk, _, err := src.r.RestoreFirstTick(src.bundle, id, image, out)
-		if err != nil {
+		restoreStart := time.Now()
+		if err := src.r.Restore(src.bundle, id, image, out); err != nil {
 			if p < 0 {
 				t.Fatalf("round %d (%s): restore: %v", i, where, err)
 			}
@@ -204,6 +246,11 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 				t.Errorf("round %d: refused restore left container %s behind", i, id)
 			}
 			continue
+		}
+		// A restore that started must run the workload with its heap intact.
+		tk, err := sandbox.WaitFirstTick(out, restoreStart)
+		if err != nil {
+			t.Fatalf("round %d (%s): the restore started, but: %v", i, where, err)
 		}
 		if p >= 0 && phases[p].name == "start" {
 			t.Errorf("round %d (%s): restored an image whose checkpoint was killed before it saved anything", i, where)
@@ -220,7 +267,7 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 	var parts []string
 	for i, p := range phases {
 		b := byPhase[i]
-		parts = append(parts, fmt.Sprintf("%s %d killed (%d complete, %d refused, %d ended first)", p.name, b.killed, b.complete, b.refused, b.late))
+		parts = append(parts, fmt.Sprintf("%s %d rounds: %d killed (%d complete, %d refused), %d ended first (restored)", p.name, b.killed+b.late, b.killed, b.complete, b.refused, b.late))
 	}
-	t.Logf("fault summary: killed --shared-base checkpoint, %d rounds (round 0 not killed: complete): %s", rounds, strings.Join(parts, "; "))
+	t.Logf("fault summary: killed --shared-base checkpoint, %d rounds (%d not killed, complete): %s", rounds, calibrationRounds, strings.Join(parts, "; "))
 }

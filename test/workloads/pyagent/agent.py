@@ -17,10 +17,13 @@ Output: one line once the state is built, then one line per tick, in the
 tick workload's format (internal/sandbox.ParseTick):
 
     pyagent entries=N seed=S build_s=SECONDS python=VERSION
-    tick=N mib=M sum=ok|BAD mark=HEX
+    tick=N mib=M sum=ok|BAD mark=HEX pass_ms=MS
 
 The tick line is printed after the pass it reports, so the first line after
-a restore comes after the restored process has touched every object. N
+a restore comes after the restored process has touched every object;
+pass_ms is how long that pass took, by the guest's monotonic clock (the
+first pass after a restore is where a runtime's copy-on-write or page
+loading shows in the workload's own time). N
 counts from 0 and continues across checkpoint and restore; M is the resident
 memory of the process in MiB (/proc/self/statm); sum=ok iff the pass's
 checksum equals the one computed when the state was built; mark is 0 until
@@ -135,8 +138,10 @@ async def run(state, args, interval):
         elif cmd is not None:
             out("unknown command %r" % cmd)
 
+        pass_start = time.monotonic()
         ok = state.checksum() == state.expected
-        line = "tick=%d mib=%d sum=%s mark=%x" % (tick, rss_mib(), "ok" if ok else "BAD", state.mark)
+        pass_ms = (time.monotonic() - pass_start) * 1000.0
+        line = "tick=%d mib=%d sum=%s mark=%x pass_ms=%.1f" % (tick, rss_mib(), "ok" if ok else "BAD", state.mark, pass_ms)
         out(line)
         if dump:
             dump = False
