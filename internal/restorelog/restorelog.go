@@ -95,7 +95,9 @@ var (
 )
 
 // logNameTime matches the time in the name runsc gives a debug log
-// (runsc.log.20261202-000405.972870.restore.txt): when the command started.
+// (runsc.log.20261202-000405.972870.restore.txt): when the command started,
+// in local time (restorephases must run in runsc's time zone), to the
+// granularity of the clock runsc reads it from (a few milliseconds).
 var logNameTime = regexp.MustCompile(`\.(\d{8}-\d{6}\.\d{6})\.[a-z]+\.txt$`)
 
 // unixNanos parses a decimal count of nanoseconds since the epoch.

@@ -54,7 +54,10 @@ var sharedBaseCheckpointPhases = []checkpointPhase{
 		st, err := os.Stat(filepath.Join(image, "base.img"))
 		return err == nil && st.Mode().Perm()&0o222 == 0
 	}},
-	// base.json is written: the image is complete, runsc is exiting.
+	// base.json is written: the image is complete, runsc is exiting. Too
+	// short to aim a kill at (runsc exits within a poll or two): it only
+	// ends the "publish" phase, and the rounds whose checkpoint ended before
+	// their kill show that an image that got this far restores.
 	{"recorded", func(image string) bool {
 		_, err := os.Stat(filepath.Join(image, "base.json"))
 		return err == nil
@@ -89,7 +92,15 @@ func phaseStarts(t *testing.T, cmd *exec.Cmd, image string) ([]time.Duration, ti
 		}
 		select {
 		case err := <-done:
-			return starts, time.Since(start), err
+			took := time.Since(start)
+			// A phase may begin and end within one poll (base.json
+			// is written just before runsc exits): look once more.
+			for i, p := range sharedBaseCheckpointPhases {
+				if starts[i] < 0 && p.begun(image) {
+					starts[i] = took
+				}
+			}
+			return starts, took, err
 		case <-deadline:
 			cmd.Process.Kill()
 			<-done
@@ -147,8 +158,9 @@ const calibrationRounds = 3
 
 // TestKilledSharedBaseCheckpoint kills `runsc checkpoint --shared-base` and
 // the sandbox (sentry included) in every phase of the checkpoint
-// (sharedBaseCheckpointPhases: start, state, export, finish, publish,
-// recorded). The first calibrationRounds rounds are not killed: they
+// (sharedBaseCheckpointPhases: start, state, export, finish, publish; the
+// last, recorded, only ends publish). The first calibrationRounds rounds are
+// not killed: they
 // complete however slow the machine, and when the image directory showed
 // each phase begin bounds the kills. Each later round aims at one phase in
 // turn: it waits until the image directory shows that the phase has begun,
@@ -159,12 +171,13 @@ const calibrationRounds = 3
 // complete (the clone restores and its heap checks out) or refused before
 // the restore hands the image to a sandbox; never a restore that starts
 // from a half-written image. Kills in "start" (up to the image's first
-// bytes) must be refused, kills in "recorded" (runsc exiting after
-// base.json) must complete. FAULT_SEED replays a run.
+// bytes) must be refused. FAULT_SEED replays a run.
 func TestKilledSharedBaseCheckpoint(t *testing.T) {
 	rng := faultRand(t)
 	phases := sharedBaseCheckpointPhases
-	rounds := calibrationRounds + faultTrials(t)*len(phases)
+	// Every phase but the last ("recorded") is killed in.
+	killPhases := len(phases) - 1
+	rounds := calibrationRounds + faultTrials(t)*killPhases
 	type tally struct{ killed, late, complete, refused int }
 	byPhase := make([]tally, len(phases))
 	// lengths[p] is phase p's shortest length in the unkilled rounds (-1:
@@ -205,7 +218,7 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 				t.Fatalf("the unkilled checkpoint never showed base.json")
 			}
 		} else {
-			p = (i - calibrationRounds) % len(phases)
+			p = (i - calibrationRounds) % killPhases
 			if lengths[p] > 0 {
 				delay = time.Duration(rng.Int63n(int64(lengths[p])))
 			}
@@ -237,9 +250,6 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 				t.Fatalf("round %d (%s): restore: %v", i, where, err)
 			}
 			byPhase[p].refused++
-			if phases[p].name == "recorded" {
-				t.Errorf("round %d (%s): an image whose base.json was written was refused: %v", i, where, err)
-			}
 			t.Logf("round %d (%s): refused: %v", i, where, lastLine(err.Error()))
 			if list, _ := src.r.Exec("list", "-quiet"); strings.Contains(list, id) {
 				// A restore that was refused must not have started.
@@ -265,7 +275,7 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 		src.r.Destroy(id)
 	}
 	var parts []string
-	for i, p := range phases {
+	for i, p := range phases[:killPhases] {
 		b := byPhase[i]
 		parts = append(parts, fmt.Sprintf("%s %d rounds: %d killed (%d complete, %d refused), %d ended first (restored)", p.name, b.killed+b.late, b.killed, b.complete, b.refused, b.late))
 	}
