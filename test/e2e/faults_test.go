@@ -251,6 +251,11 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 			}
 			byPhase[p].refused++
 			t.Logf("round %d (%s): refused: %v", i, where, lastLine(err.Error()))
+			if strings.Contains(err.Error(), "urpc method") {
+				// Refused by the sandbox, not by runsc: the image
+				// reached a sandbox before anything checked it.
+				t.Errorf("round %d (%s): the half-written image reached a sandbox, which failed on it: %v", i, where, lastLine(err.Error()))
+			}
 			if list, _ := src.r.Exec("list", "-quiet"); strings.Contains(list, id) {
 				// A restore that was refused must not have started.
 				t.Errorf("round %d: refused restore left container %s behind", i, id)
