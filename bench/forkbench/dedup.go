@@ -80,14 +80,6 @@ type dedupGroup struct {
 	close func()
 }
 
-// ready waits until every instance has checked its whole payload once, as
-// the clone scenarios do before they measure: until then an instance's
-// memory is still being mapped in (it grows by tens of MiB in the first
-// seconds of a sandbox, upstream's and forkvisor's alike).
-func (g *dedupGroup) ready(payloadMiB int) {
-	g.checks(payloadMiB)
-}
-
 // sample measures g every interval for d and returns the samples.
 func (g *dedupGroup) sample(d, interval time.Duration) (times, pss []float64) {
 	start := time.Now()
@@ -248,7 +240,12 @@ func dedup(dir string, runtimes []runtimeConfig, n, payloadMiB int, d time.Durat
 		// Nothing merged by an earlier condition survives: run=2 unmerges.
 		must(setKSMRun(2))
 		g := c.newGroup()
-		g.ready(payloadMiB)
+		// Ready once every instance has checked its whole payload, as
+		// the clone scenarios wait before they measure: until then an
+		// instance's memory is still being mapped in (it grows by tens
+		// of MiB in the first seconds of a sandbox, upstream's and
+		// forkvisor's alike).
+		g.checks(payloadMiB)
 		if c.ksm {
 			must(setKSMRun(1))
 		}

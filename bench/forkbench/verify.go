@@ -152,7 +152,7 @@ func verifyCost(dir string, fork runtimeConfig, baseMiB int) ([]VerifyResult, []
 	r := &sandbox.Runsc{Bin: fork.bin, Root: filepath.Join(work, "root"), BaseStore: filepath.Join(work, "store")}
 	_, err = r.Exec("bases", "import", m.Digest, path)
 	must(err)
-	stored, err := os.Open(filepath.Join(r.StorePath(), "sha256", m.Digest[len("sha256:"):], "base.img"))
+	stored, err := os.Open(r.StoredBase(m.Digest))
 	must(err)
 	defer stored.Close()
 	var runs []VerifyRun

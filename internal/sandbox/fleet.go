@@ -71,7 +71,7 @@ func (r *Runsc) WriteSetPath(image string) string {
 	if json.Unmarshal(b, &d) != nil || d.SHA256 == "" {
 		return beside
 	}
-	entry := filepath.Join(r.StorePath(), "sha256", d.SHA256)
+	entry := r.StoreEntry(d.SHA256)
 	stored, err := os.Stat(filepath.Join(entry, "base.img"))
 	if err != nil {
 		return beside

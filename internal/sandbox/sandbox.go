@@ -45,6 +45,18 @@ func (r *Runsc) StorePath() string {
 	return r.Root + "-bases"
 }
 
+// StoredBase returns the path of the base with digest ("sha256:HEX" or
+// HEX) in r's node base store: the layout runsc's base store uses.
+func (r *Runsc) StoredBase(digest string) string {
+	return filepath.Join(r.StoreEntry(digest), "base.img")
+}
+
+// StoreEntry returns the directory of the base with digest ("sha256:HEX"
+// or HEX) in r's node base store, which holds base.img and its write set.
+func (r *Runsc) StoreEntry(digest string) string {
+	return filepath.Join(r.StorePath(), "sha256", strings.TrimPrefix(digest, "sha256:"))
+}
+
 func (r *Runsc) command(args ...string) *exec.Cmd {
 	network := r.Network
 	if network == "" {

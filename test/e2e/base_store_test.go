@@ -40,7 +40,7 @@ func TestBaseStore(t *testing.T) {
 		t.Fatalf("after one park the store lists %+v; want one base linked by one image", bases)
 	}
 	digest := bases[0].Digest
-	stored := filepath.Join(p.r.StorePath(), "sha256", strings.TrimPrefix(digest, "sha256:"), "base.img")
+	stored := p.r.StoredBase(digest)
 	st1, err1 := os.Stat(stored)
 	st2, err2 := os.Stat(filepath.Join(p.image, "base.img"))
 	if err1 != nil || err2 != nil || !os.SameFile(st1, st2) {

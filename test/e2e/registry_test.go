@@ -113,7 +113,7 @@ func TestRegistryPushPull(t *testing.T) {
 		t.Fatalf("pull printed no base digest:\n%s", out)
 	}
 	digest := m[1]
-	stored := filepath.Join(nodeB.StorePath(), "sha256", strings.TrimPrefix(digest, "sha256:"), "base.img")
+	stored := nodeB.StoredBase(digest)
 	if st1, err1 := os.Stat(filepath.Join(imageB, "base.img")); err1 != nil {
 		t.Errorf("pulled image has no base.img linked from the store: %v", err1)
 	} else if st2, err2 := os.Stat(stored); err2 != nil || !os.SameFile(st1, st2) {
@@ -161,7 +161,7 @@ func TestRegistryPushPull(t *testing.T) {
 	}
 
 	// A tampered block in the registry: refused, nothing stored or written.
-	base, err := os.Open(filepath.Join(src.r.StorePath(), "sha256", strings.TrimPrefix(digest, "sha256:"), "base.img"))
+	base, err := os.Open(src.r.StoredBase(digest))
 	if err != nil {
 		t.Fatal(err)
 	}
