@@ -12,7 +12,7 @@ UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvis
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
 FORK_TEST_PKGS := ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/ ./runsc/config/ ./pkg/shim/v1/runsc/ ./pkg/shim/v1/proc/ ./runsc/boot/filter/config/ ./runsc/sandbox/ ./runsc/filestoreadopt/
 
-.PHONY: oci setup all tree patches check-patches check-series runsc runsc-upstream tick cloneprobe kvserver clone-probe shim test test-fork test-harness vet demo flatten-table bench bench-phases bench-all faults fuzz clean
+.PHONY: oci setup all tree patches proto check-patches check-series runsc runsc-upstream tick cloneprobe kvserver clone-probe shim test test-fork test-harness vet demo flatten-table bench bench-phases bench-all faults fuzz clean
 
 all: runsc runsc-upstream tick cloneprobe kvserver shim oci
 
@@ -37,6 +37,11 @@ $(TREE)/go.mod: $(STAMP)
 # Re-export patches/ from the commits in build/gvisor.
 patches:
 	tools/export-patches.sh
+
+# Regenerate the Go code of the .proto files that the series adds to the
+# tree (tools/protogen: protoc-gen-go pinned to upstream's release, no protoc).
+proto: $(TREE)/go.mod
+	tools/proto.sh
 
 # The series applies to pristine upstream and re-exports byte-identically.
 check-patches:
@@ -89,11 +94,13 @@ clone-probe: all
 
 vet:
 	$(GO) vet ./...
+	cd tools/protogen && $(GO) vet .
 
 # -timeout stays below CI's 90 minutes so that cleanups run; -v shows why a
 # test skipped (outside CI; under CI=true a missing prerequisite fails).
 test-fork: $(TREE)/go.mod
 	cd $(TREE) && $(GO) test -count=1 -timeout 20m $(FORK_TEST_PKGS)
+	cd tools/protogen && $(GO) test -count=1 .
 	$(MAKE) fuzz FUZZTIME=20000x
 
 # Fuzz the decoders of the fork's formats (the seeds also run in test-fork

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # check-series.sh builds and vets every prefix of the patch series: for each
 # commit after `upstream` in the materialized tree, ./runsc and ./shim build
-# (CGO_ENABLED=0) and the packages the commit touches pass go vet (without
-# the composites and unsafeptr analyzers, which upstream's own code fails).
+# (CGO_ENABLED=0), the packages the commit touches pass go vet (without
+# the composites and unsafeptr analyzers, which upstream's own code fails),
+# and generated protobuf code is what its .proto generates (tools/proto.sh).
 #
 # Usage: tools/check-series.sh [TREE]   (default build/gvisor)
 set -euo pipefail
@@ -26,10 +27,14 @@ for c in $(git -C "$tree" rev-list --reverse upstream..HEAD); do
 		fail=1
 		continue
 	fi
+	if ! "$top/tools/proto.sh" -check . >/dev/null; then
+		echo "check-series: patch $n has generated code that its .proto does not generate: $subj" >&2
+		fail=1
+	fi
 	if [ -n "$vet" ] && ! go vet -composites=false -unsafeptr=false $vet; then
 		echo "check-series: patch $n fails go vet ($vet): $subj" >&2
 		fail=1
 	fi
 done
-[ "$fail" = 0 ] && echo "check-series: all $n prefixes build and vet"
+[ "$fail" = 0 ] && echo "check-series: all $n prefixes build, vet and match their .proto files"
 exit "$fail"

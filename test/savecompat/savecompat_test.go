@@ -5,6 +5,7 @@ package savecompat
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -121,10 +122,12 @@ func forkTree(t *testing.T, root string) string {
 	return tree
 }
 
-// TestUpstreamRefusesForkFormat saves a MemoryFile against a shared base with
-// the fork (metadata Version 2) and loads it with pristine upstream's loader:
-// upstream must refuse it, naming the version, rather than load pages at the
-// wrong offsets. Upstream's own image loads (so the refusal is the format's).
+// TestUpstreamRefusesForkFormat saves a MemoryFile against a shared base
+// (metadata Version 2) and a filestore as external content (Version 3) with
+// the fork, and loads them with pristine upstream's loader: upstream must
+// refuse each, naming its version, rather than load pages at the wrong
+// offsets or as zeroes. Upstream's own image loads (so the refusal is the
+// format's).
 func TestUpstreamRefusesForkFormat(t *testing.T) {
 	root := repoRoot(t)
 	tree := forkTree(t, root)
@@ -143,10 +146,18 @@ func TestUpstreamRefusesForkFormat(t *testing.T) {
 	if out, err := exec.Command(upstream, "-load", filepath.Join(dir, "sync.img")).CombinedOutput(); err != nil {
 		t.Fatalf("upstream cannot load its own image: %v\n%s", err, out)
 	}
-	out, err := exec.Command(upstream, "-load", filepath.Join(dir, "base-sync.img")).CombinedOutput()
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 3 || !strings.Contains(string(out), "unsupported MemoryFileMetadataProto version 2") {
-		t.Fatalf("upstream loading the fork's shared-base image: %v\n%s\nwant a refusal of version 2", err, out)
+	for _, tc := range []struct {
+		image   string
+		version int
+	}{
+		{"base-sync.img", 2},
+		{"external-sync.img", 3},
+	} {
+		out, err := exec.Command(upstream, "-load", filepath.Join(dir, tc.image)).CombinedOutput()
+		var exit *exec.ExitError
+		if want := fmt.Sprintf("unsupported MemoryFileMetadataProto version %d", tc.version); !errors.As(err, &exit) || exit.ExitCode() != 3 || !strings.Contains(string(out), want) {
+			t.Fatalf("upstream loading the fork's %s: %v\n%s\nwant a refusal of version %d", tc.image, err, out, tc.version)
+		}
+		t.Logf("upstream refuses %s: %s", tc.image, strings.TrimSpace(string(out)))
 	}
-	t.Logf("upstream refuses: %s", strings.TrimSpace(string(out)))
 }

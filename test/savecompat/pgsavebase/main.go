@@ -15,7 +15,9 @@ import (
 	"os"
 	"path/filepath"
 
+	"gvisor.dev/gvisor/pkg/hostarch"
 	"gvisor.dev/gvisor/pkg/sentry/pgalloc"
+	"gvisor.dev/gvisor/pkg/sentry/usage"
 
 	"github.com/forkvisor/forkvisor/test/savecompat/pgfill"
 )
@@ -39,7 +41,35 @@ func run(out string) error {
 	if err := mf.SaveTo(context.Background(), &img, opts); err != nil {
 		return fmt.Errorf("SaveTo against the base: %w", err)
 	}
-	return os.WriteFile(filepath.Join(out, "base-sync.img"), img.Bytes(), 0o644)
+	if err := os.WriteFile(filepath.Join(out, "base-sync.img"), img.Bytes(), 0o644); err != nil {
+		return err
+	}
+	return saveExternal(out)
+}
+
+// saveExternal saves a disk-backed MemoryFile (a filestore) as external
+// content: metadata only, to external-sync.img.
+func saveExternal(out string) error {
+	file, err := os.OpenFile(filepath.Join(out, "filestore"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	mf, err := pgalloc.NewMemoryFile(file, pgalloc.MemoryFileOpts{
+		DiskBackedFile:          true,
+		DisableMemoryAccounting: true,
+		DisableIMAWorkAround:    true,
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := mf.Allocate(hostarch.PageSize, pgalloc.AllocOpts{Kind: usage.Anonymous, Mode: pgalloc.AllocateAndCommit}); err != nil {
+		return err
+	}
+	var img bytes.Buffer
+	if err := mf.SaveTo(context.Background(), &img, &pgalloc.SaveOpts{ExternalContent: true}); err != nil {
+		return fmt.Errorf("SaveTo as external content: %w", err)
+	}
+	return os.WriteFile(filepath.Join(out, "external-sync.img"), img.Bytes(), 0o644)
 }
 
 func main() {
