@@ -30,7 +30,7 @@ import (
 
 func main() {
 	plainHTTP := flag.Bool("plain-http", false, "talk HTTP instead of HTTPS to the registry (a registry on loopback)")
-	store := flag.String("base-store", "/var/lib/forkvisor/bases", "the node base store (runsc --base-store)")
+	store := flag.String("base-store", "/var/lib/runsc/bases", "the node base store (runsc --base-store)")
 	runsc := flag.String("runsc", "", "the fork's runsc, which verifies and stores pulled bases (default: runsc beside this binary, else on PATH)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage:\n  %[1]s [flags] push IMAGE_DIR REF\n  %[1]s [flags] pull REF IMAGE_DIR\nflags:\n", filepath.Base(os.Args[0]))

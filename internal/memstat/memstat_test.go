@@ -18,7 +18,7 @@ func TestMappingKind(t *testing.T) {
 		{"/memfd:runsc-memory (deleted)", KindGuest},
 		{"/memfd:systrap-memory (deleted)", KindPlatform},
 		{"/memfd:flipcall_packet_windows (deleted)", KindAnon},
-		{"/var/lib/forkvisor/bases/sha256/ab/base.img", KindBase},
+		{"/var/lib/runsc/bases/sha256/ab/base.img", KindBase},
 		{"/tmp/image dir/base.img (deleted)", KindBase},
 		{"/tmp/image/base.img.tmp", KindFile},
 		{"/usr/local/bin/runsc", KindFile},
