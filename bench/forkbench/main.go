@@ -51,6 +51,8 @@
 //	           into a sandbox created beforehand (internal/warmpool: runsc
 //	           create, then runsc restore of the created container), 8 of
 //	           each per run, alternating
+//	prestarted-cpython  the same with the CPython agent of cpython; it also
+//	           prints each runtime against upstream's best p50, either way
 //
 // Memory is Pss summed over every process of every clone sandbox (sentry,
 // systrap stubs, gofer; each address space once), measured after every clone
@@ -265,7 +267,10 @@ func main() {
 	}
 	var prestartResults []PrestartResult
 	if want["prestarted"] {
-		prestartResults = prestarted(dir, runtimes, 256)
+		prestartResults = prestarted(dir, runtimes, tickPrestart(256))
+	}
+	if want["prestarted-cpython"] {
+		prestartResults = append(prestartResults, prestarted(dir, runtimes, cpythonPrestart)...)
 	}
 	var httpResults []HTTPResult
 	if want["http"] {

@@ -5,19 +5,21 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 	"github.com/forkvisor/forkvisor/internal/warmpool"
 )
 
-// PrestartResult is one runtime's restore latency for the prestarted
-// scenario: restore → first output of a clone of a parked 256 MiB workload,
-// by a plain `runsc restore` (which creates the sandbox) and into a sandbox
+// PrestartResult is one runtime's restore latency for a prestarted
+// scenario: restore → first output of a clone of a parked workload, by a
+// plain `runsc restore` (which creates the sandbox) and into a sandbox
 // created beforehand (internal/warmpool).
 type PrestartResult struct {
-	Runtime string `json:"runtime"`
-	HeapMiB int    `json:"heap_mib"`
+	Workload string `json:"workload"`
+	Runtime  string `json:"runtime"`
+	HeapMiB  int    `json:"heap_mib"`
 
 	PlainMs      []float64 `json:"plain_ms"`
 	PrestartedMs []float64 `json:"prestarted_ms"`
@@ -32,19 +34,41 @@ type PrestartResult struct {
 	CreateP50     float64 `json:"create_p50_ms"`
 }
 
-// prestarted runs the prestarted scenario for each runtime: -repeat runs of
-// 8 restores each way, alternating plain and prestarted; each clone is
+// prestartWorkload is the workload of a prestarted scenario.
+type prestartWorkload struct {
+	name    string
+	heapMiB int // 0 if the workload has no fixed heap
+	// bundle writes the workload's bundle into dir.
+	bundle func(dir string) error
+}
+
+// tickPrestart is the tick workload with a heap of heapMiB (scenario
+// prestarted).
+func tickPrestart(heapMiB int) prestartWorkload {
+	return prestartWorkload{name: "tick", heapMiB: heapMiB, bundle: func(dir string) error {
+		return sandbox.NewBundle(dir, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4")
+	}}
+}
+
+// cpythonPrestart is the CPython agent of the cpython scenario (scenario
+// prestarted-cpython).
+var cpythonPrestart = prestartWorkload{name: "cpython", bundle: func(dir string) error {
+	return sandbox.NewPyAgentBundle(dir, abs("."), 200000, 100*time.Millisecond)
+}}
+
+// prestarted runs a prestarted scenario for each runtime: -repeat runs of 8
+// restores each way, alternating plain and prestarted; each clone is
 // destroyed once it has printed.
-func prestarted(dir string, runtimes []runtimeConfig, heapMiB int) []PrestartResult {
+func prestarted(dir string, runtimes []runtimeConfig, w prestartWorkload) []PrestartResult {
 	const perRun = 8
 	byRT := map[string]*PrestartResult{}
 	for _, rt := range runtimes {
-		byRT[rt.name] = &PrestartResult{Runtime: rt.name, HeapMiB: heapMiB}
+		byRT[rt.name] = &PrestartResult{Workload: w.name, Runtime: rt.name, HeapMiB: w.heapMiB}
 	}
 	for i := 0; i < *repeat; i++ {
 		for _, rt := range runtimes {
-			fmt.Fprintf(os.Stderr, "forkbench: prestarted, %s, run %d/%d\n", rt.name, i+1, *repeat)
-			prestartRun(filepath.Join(dir, fmt.Sprintf("prestarted-%s-%d", rt.name, i)), rt, heapMiB, perRun, byRT[rt.name])
+			fmt.Fprintf(os.Stderr, "forkbench: prestarted %s, %s, run %d/%d\n", w.name, rt.name, i+1, *repeat)
+			prestartRun(filepath.Join(dir, fmt.Sprintf("prestarted-%s-%s-%d", w.name, rt.name, i)), rt, w, perRun, byRT[rt.name])
 		}
 	}
 	var out []PrestartResult
@@ -58,14 +82,14 @@ func prestarted(dir string, runtimes []runtimeConfig, heapMiB int) []PrestartRes
 	return out
 }
 
-func prestartRun(base string, rt runtimeConfig, heapMiB, n int, res *PrestartResult) {
+func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *PrestartResult) {
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir("prestarted", rt)}
 	addCleanup(r.Cleanup)
 	// Deferred in this order so that the sandboxes go before their root.
 	defer os.RemoveAll(base)
 	defer r.Cleanup()
 	bundle := filepath.Join(base, "bundle")
-	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4"))
+	must(w.bundle(bundle))
 	_, err := r.RunUntilTick(bundle, "source", filepath.Join(base, "source.out"), 2, nil)
 	must(err)
 	image := filepath.Join(base, "image")
@@ -139,8 +163,19 @@ func printPrestarted(results []PrestartResult) {
 		return
 	}
 	fmt.Printf("\nprestarted: restore -> first output, %d samples each way per runtime; create_ms is the pool's work per sandbox, off the restore path\n", len(results[0].PlainMs))
-	fmt.Printf("%-12s %5s %10s %10s %15s %15s %10s\n", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms")
+	fmt.Printf("%-8s %-12s %5s %10s %10s %15s %15s %10s\n", "workload", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms")
+	best := map[string]float64{} // upstream's best p50 per workload, either way
 	for _, r := range results {
-		fmt.Printf("%-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f\n", r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50)
+		fmt.Printf("%-8s %-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f\n", r.Workload, r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50)
+		if strings.HasPrefix(r.Runtime, "upstream") {
+			if b, ok := best[r.Workload]; !ok || min(r.PlainP50, r.PrestartedP50) < b {
+				best[r.Workload] = min(r.PlainP50, r.PrestartedP50)
+			}
+		}
+	}
+	for _, r := range results {
+		if b := best[r.Workload]; !strings.HasPrefix(r.Runtime, "upstream") && b > 0 {
+			fmt.Printf("%-8s %s/upstream's best (%.0f ms, either way): plain %.2fx, prestarted %.2fx\n", r.Workload, r.Runtime, b, r.PlainP50/b, r.PrestartedP50/b)
+		}
 	}
 }
