@@ -122,9 +122,11 @@ test-harness: $(TREE)/go.mod
 # (which need bin/runsc and bin/runsc-upstream for the sandbox tests).
 test: setup check-patches $(STAMP) all vet test-fork test-harness
 
-# The pgalloc flatten table: N clones restored over one base.
+# The pgalloc flatten table: N = 1..32 clones restored over one base in one
+# process (Rss, Pss, Private_Dirty), and its plot.
 flatten-table: $(TREE)/go.mod
-	tools/flatten-table.sh 8 16 32
+	$(GO) run ./bench/forkbench -scenarios flatten -json bench/out/flatten.json
+	$(GO) run ./bench/plot bench/out/flatten.json
 
 # The main job: park the built-in workload (256 MiB) with a shared base, fan
 # out 8 clones, and print upstream runsc and forkvisor side by side.
@@ -138,12 +140,12 @@ FAULT_TRIALS ?= 25
 faults: setup all
 	FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 80m -v -run 'TestTamperedImageRefused|TestKilledSharedBaseCheckpoint|TestFilestoreKilledCheckpoint' ./test/e2e/ 2>&1 | tee build/faults.log | grep -E 'fault summary|FAULT_SEED|^(--- |ok|FAIL)'
 
-# The benchmarks that fit in about 10 minutes here: readers
+# The benchmarks that fit in about 15 minutes here: readers
 # and writers (30%, 100%, CPython) cloned over a shared base, a re-park,
-# pre-started sandboxes, a burst of 16 restores and the cost of verifying a
-# base; 3 repetitions of the clone scenarios, runtimes alternating; then
-# the plots.
-BENCH_SCENARIOS ?= clones256,writer30,writer100,cpython,repark,prestarted,burst,verify
+# pre-started sandboxes (tick and CPython), a burst of 16 restores, the cost
+# of verifying a base and the flatten curve; 3 repetitions of the clone
+# scenarios, runtimes alternating; then the plots.
+BENCH_SCENARIOS ?= clones256,writer30,writer100,cpython,repark,prestarted,prestarted-cpython,burst,verify,flatten
 bench: setup all
 	time $(GO) run ./bench/forkbench -scenarios $(BENCH_SCENARIOS) -repeat 3 -json bench/out/forkbench.json
 	$(GO) run ./bench/plot bench/out/forkbench.json
@@ -158,9 +160,9 @@ bench-phases: setup all
 
 # The long ones: every forkbench scenario (adds 2 GiB clones, writable
 # layers, the registry, HTTP clones, parked storage, density and the KSM
-# dedup curve), the same clone scenarios with a cold page cache, the
-# pgalloc flatten table and the restore phases.
-bench-all: setup all flatten-table bench-phases
+# dedup curve), the same clone scenarios with a cold page cache and the
+# restore phases.
+bench-all: setup all bench-phases
 	time $(GO) run ./bench/forkbench -repeat 3 -json bench/out/forkbench-all.json
 	$(GO) run ./bench/plot bench/out/forkbench-all.json
 	$(GO) run ./bench/forkbench -scenarios clones256,writer30,cpython -repeat 3 -cold -json bench/out/forkbench-cold.json

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/forkvisor/forkvisor/internal/cgroupmem"
 	"github.com/forkvisor/forkvisor/internal/memstat"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
@@ -27,9 +28,17 @@ type DedupResult struct {
 	// total Pss of every process of the group.
 	TimesS []float64 `json:"times_s"`
 	PssMiB []float64 `json:"pss_mib"`
+	// ChargedMiB are the same samples of what the kernel charged to the
+	// group's memory cgroup (cgroupmem): what an orchestrator sees. Pages
+	// are charged to whoever touched them first: a clone of a base is
+	// not charged for the base's page cache, which the parked source
+	// wrote outside the group.
+	ChargedMiB []float64 `json:"charged_mib"`
 	// DropS is the first time from which the group's Pss stays at least
 	// 128 MiB below its first sample, or -1 if it never does.
 	DropS float64 `json:"drop_s"`
+	// DropChargedS is the same for ChargedMiB.
+	DropChargedS float64 `json:"drop_charged_s"`
 	// KsmdCPUMs is the CPU time ksmd spent while the group was sampled.
 	KsmdCPUMs float64 `json:"ksmd_cpu_ms"`
 	// PagesSharing is KSM's host-wide pages_sharing at the end of sampling.
@@ -75,20 +84,33 @@ func ksmdCPU() time.Duration {
 // dedupGroup is a running group of instances whose memory can be measured
 // and whose payloads checked.
 type dedupGroup struct {
-	pss   func() float64 // MiB
-	outs  []string       // tick output files
-	close func()
+	pss    func() float64   // MiB
+	cgroup *cgroupmem.Group // every instance's processes
+	outs   []string         // tick output files
+	close  func()
 }
 
-// sample measures g every interval for d and returns the samples.
-func (g *dedupGroup) sample(d, interval time.Duration) (times, pss []float64) {
+// newDedupCgroup returns the memory cgroup of a dedup condition's group.
+func newDedupCgroup(name string) *cgroupmem.Group {
+	cg, err := cgroupmem.New("dedup-" + name)
+	must(err)
+	addCleanup(func() { cg.Remove() })
+	return cg
+}
+
+// sample measures g every interval for d and returns the samples: total
+// Pss and the bytes charged to g's cgroup, in MiB.
+func (g *dedupGroup) sample(d, interval time.Duration) (times, pss, charged []float64) {
 	start := time.Now()
 	for next := start; time.Since(start) < d; next = next.Add(interval) {
 		time.Sleep(time.Until(next))
 		times = append(times, time.Since(start).Seconds())
 		pss = append(pss, g.pss())
+		c, err := g.cgroup.Usage()
+		must(err)
+		charged = append(charged, float64(c)/(1<<20))
 	}
-	return times, pss
+	return times, pss, charged
 }
 
 // checks waits, for every instance, until it has checked its whole payload
@@ -105,12 +127,15 @@ func (g *dedupGroup) checks(payloadMiB int) {
 func sandboxGroup(dir string, rt runtimeConfig, n, payloadMiB int) *dedupGroup {
 	base := filepath.Join(dir, "dedup-"+rt.name)
 	tickArgs := []string{"-mib", fmt.Sprint(payloadMiB), "-interval", "50ms"}
-	g := &dedupGroup{}
+	g := &dedupGroup{cgroup: newDedupCgroup(rt.name)}
 	var ids []string
 	var r *sandbox.Runsc
 	if rt.fork {
+		// The source is parked outside the group, as a fleet's golden
+		// sandbox would be; its clones run inside.
 		p := parkTick(base, "dedup", rt, tickArgs...)
 		r = p.r
+		r.Cgroup = g.cgroup
 		for i := 0; i < n; i++ {
 			id, out := fmt.Sprintf("clone%d", i), filepath.Join(base, fmt.Sprintf("clone%d.out", i))
 			_, _, err := r.RestoreFirstTick(p.bundle, id, p.image, out)
@@ -118,7 +143,7 @@ func sandboxGroup(dir string, rt runtimeConfig, n, payloadMiB int) *dedupGroup {
 			ids, g.outs = append(ids, id), append(g.outs, out)
 		}
 	} else {
-		r = &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: true, LogDir: runtimeLogDir("dedup", rt)}
+		r = &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: true, LogDir: runtimeLogDir("dedup", rt), Cgroup: g.cgroup}
 		addCleanup(r.Cleanup)
 		bundle := filepath.Join(base, "bundle")
 		must(sandbox.NewBundle(bundle, abs(*tickBin), tickArgs...))
@@ -137,6 +162,7 @@ func sandboxGroup(dir string, rt runtimeConfig, n, payloadMiB int) *dedupGroup {
 	g.close = func() {
 		r.Cleanup()
 		os.RemoveAll(base)
+		must(g.cgroup.Remove())
 	}
 	return g
 }
@@ -147,7 +173,7 @@ func sandboxGroup(dir string, rt runtimeConfig, n, payloadMiB int) *dedupGroup {
 func processGroup(dir string, n, payloadMiB int, unique bool) *dedupGroup {
 	base := filepath.Join(dir, fmt.Sprintf("dedup-ksm-%t", unique))
 	must(os.MkdirAll(base, 0o755))
-	g := &dedupGroup{}
+	g := &dedupGroup{cgroup: newDedupCgroup(fmt.Sprintf("ksm-unique-%t", unique))}
 	var cmds []*exec.Cmd
 	var pids []int
 	kill := func() {
@@ -165,7 +191,9 @@ func processGroup(dir string, n, payloadMiB int, unique bool) *dedupGroup {
 		if unique {
 			seed = fmt.Sprint(i + 1)
 		}
-		c := exec.Command(abs(*tickBin), "-mib", fmt.Sprint(payloadMiB), "-interval", "50ms", "-ksm", "-seed", seed, "-ctl", filepath.Join(base, fmt.Sprintf("ctl%d", i)))
+		// The shell that moves itself into the cgroup execs the workload:
+		// c.Process.Pid is the workload's.
+		c := g.cgroup.Command(abs(*tickBin), "-mib", fmt.Sprint(payloadMiB), "-interval", "50ms", "-ksm", "-seed", seed, "-ctl", filepath.Join(base, fmt.Sprintf("ctl%d", i)))
 		c.Stdout, c.Stderr = f, f
 		c.Env = []string{"GOGC=off"}
 		must(c.Start())
@@ -182,6 +210,7 @@ func processGroup(dir string, n, payloadMiB int, unique bool) *dedupGroup {
 	g.close = func() {
 		kill()
 		os.RemoveAll(base)
+		must(g.cgroup.Remove())
 	}
 	return g
 }
@@ -250,7 +279,7 @@ func dedup(dir string, runtimes []runtimeConfig, n, payloadMiB int, d time.Durat
 			must(setKSMRun(1))
 		}
 		cpu0 := ksmdCPU()
-		times, pss := g.sample(d, 50*time.Millisecond)
+		times, pss, charged := g.sample(d, 50*time.Millisecond)
 		res := DedupResult{
 			Condition:    c.name,
 			Instances:    n,
@@ -259,7 +288,9 @@ func dedup(dir string, runtimes []runtimeConfig, n, payloadMiB int, d time.Durat
 			KSM:          c.ksm,
 			TimesS:       times,
 			PssMiB:       pss,
+			ChargedMiB:   charged,
 			DropS:        dropTime(times, pss, 128),
+			DropChargedS: dropTime(times, charged, 128),
 			KsmdCPUMs:    ms(ksmdCPU() - cpu0),
 			PagesSharing: readKSM("pages_sharing"),
 		}
@@ -278,18 +309,22 @@ func printDedup(results []DedupResult) {
 		return
 	}
 	r0 := results[0]
-	fmt.Printf("\ndedup: %d instances x %d MiB payload, total Pss sampled every 50 ms for %.0f s after the group is ready\n", r0.Instances, r0.PayloadMiB, r0.TimesS[len(r0.TimesS)-1])
-	fmt.Printf("(upstream's guest memory is a shared memfd mapping, which KSM cannot merge; sharing is KSM's host-wide pages_sharing)\n")
-	fmt.Printf("%-11s %5s %5s %10s %10s %10s %10s %12s %10s\n", "condition", "same", "ksm", "start_MiB", "end_MiB", "min_MiB", "drop128_s", "ksmd_cpu_ms", "sharing")
+	fmt.Printf("\ndedup: %d instances x %d MiB payload, total Pss and cgroup-charged memory sampled every 50 ms for %.0f s after the group is ready\n", r0.Instances, r0.PayloadMiB, r0.TimesS[len(r0.TimesS)-1])
+	fmt.Printf("(upstream's guest memory is a shared memfd mapping, which KSM cannot merge; sharing is KSM's host-wide pages_sharing;\n")
+	fmt.Printf(" charged is the group's memory cgroup: a clone is not charged for the base's page cache, which its parked source wrote outside the group)\n")
+	fmt.Printf("%-11s %5s %5s %10s %10s %10s %10s %12s %12s %10s %12s %10s\n", "condition", "same", "ksm", "start_MiB", "end_MiB", "min_MiB", "drop128_s", "charged_MiB", "charged_end", "drop_chg_s", "ksmd_cpu_ms", "sharing")
+	drop := func(s float64) string {
+		if s < 0 {
+			return "never"
+		}
+		return fmt.Sprintf("%.2f", s)
+	}
 	for _, r := range results {
 		lo := r.PssMiB[0]
 		for _, v := range r.PssMiB {
 			lo = min(lo, v)
 		}
-		drop := "never"
-		if r.DropS >= 0 {
-			drop = fmt.Sprintf("%.2f", r.DropS)
-		}
-		fmt.Printf("%-11s %5t %5t %10.1f %10.1f %10.1f %10s %12.0f %10d\n", r.Condition, r.SameData, r.KSM, r.PssMiB[0], r.PssMiB[len(r.PssMiB)-1], lo, drop, r.KsmdCPUMs, r.PagesSharing)
+		fmt.Printf("%-11s %5t %5t %10.1f %10.1f %10.1f %10s %12.1f %12.1f %10s %12.0f %10d\n", r.Condition, r.SameData, r.KSM, r.PssMiB[0], r.PssMiB[len(r.PssMiB)-1], lo, drop(r.DropS),
+			r.ChargedMiB[0], r.ChargedMiB[len(r.ChargedMiB)-1], drop(r.DropChargedS), r.KsmdCPUMs, r.PagesSharing)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,12 +23,9 @@ func layers(dir string, runtimes []runtimeConfig, dirty bool) []Result {
 		fmt.Fprintf(os.Stderr, "forkbench: skipping layers: %s\n", why)
 		return nil
 	}
-	var sizes []int
+	sizes := intList(*layerSizes)
 	total := 0
-	for _, f := range strings.Split(*layerSizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		must(err)
-		sizes = append(sizes, n)
+	for _, n := range sizes {
 		total += n
 	}
 	fs, err := xfs.Mount(filepath.Join(dir, "xfs"), int64(4*total*(*layerRepeat)+4096)<<20)

@@ -53,6 +53,9 @@
 //	           each per run, alternating
 //	prestarted-cpython  the same with the CPython agent of cpython; it also
 //	           prints each runtime against upstream's best p50, either way
+//	flatten    N MemoryFiles restored from one delta-only checkpoint over one
+//	           base in one process, for N in -flatten-n (pgalloc's
+//	           TestSharedBaseFlatten; no sandbox): Rss, Pss, Private_Dirty
 //
 // Memory is Pss summed over every process of every clone sandbox (sentry,
 // systrap stubs, gofer; each address space once), measured after every clone
@@ -89,7 +92,7 @@ var (
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
 	ociBin      = flag.String("oci", "bin/forkvisor-oci", "registry companion (registry scenario)")
 	kvBin       = flag.String("kvserver", "bin/kvserver", "HTTP key-value workload (http scenario; static)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,http,storage,burst,density,verify,dedup", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,prestarted-cpython,http,storage,burst,density,verify,dedup,flatten", "scenarios to run")
 	densityMiB  = flag.Int("density-mib", 128, "heap of the density scenario's workload in MiB")
 	densityMax  = flag.Int("density-max", 64, "most clones the density scenario restores")
 	densityBudg = flag.Int("density-budget-mib", 2048, "total Pss at which the density scenario stops adding clones")
@@ -98,6 +101,7 @@ var (
 	dedupMiB    = flag.Int("dedup-mib", 64, "payload of each instance in MiB for the dedup scenario")
 	dedupSecs   = flag.Int("dedup-seconds", 60, "how long the dedup scenario samples each group")
 	verifyMiB   = flag.Int("verify-mib", 512, "base size in MiB for the verify scenario")
+	flattenN    = flag.String("flatten-n", "1,2,4,8,16,32", "clone counts of the flatten scenario")
 	repeat      = flag.Int("repeat", 1, "runs per clone scenario and runtime, alternating runtimes (medians are reported)")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
@@ -227,7 +231,11 @@ func main() {
 	var results []Result
 	want := map[string]bool{}
 	for _, s := range strings.Split(*scenarios, ",") {
-		want[strings.TrimSpace(s)] = true
+		s = strings.TrimSpace(s)
+		if !knownScenario(s) {
+			fatalf("unknown scenario %q (-scenarios): see the list at the top of bench/forkbench/main.go", s)
+		}
+		want[s] = true
 	}
 	for _, sc := range cloneScenarios {
 		repark := sc.name == "clones256" && want["repark"]
@@ -297,7 +305,12 @@ func main() {
 	if want["dedup"] {
 		dedupResults = dedup(dir, []runtimeConfig{runtimes[0], runtimes[2]}, 4, *dedupMiB, time.Duration(*dedupSecs)*time.Second)
 	}
+	var flattenResults []FlattenResult
+	if want["flatten"] {
+		flattenResults = flatten(dir, intList(*flattenN))
+	}
 	printTable(results)
+	printFlatten(flattenResults)
 	printFleet(fleetResults)
 	printStorage(storageResults)
 	printPrestarted(prestartResults)
@@ -320,6 +333,7 @@ func main() {
 				"dedup":      dedupResults,
 				"burst":      burstResults,
 				"density":    densityResults,
+				"flatten":    flattenResults,
 			}, "", "  ")
 			if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 				fatalf("%v", err)
@@ -685,6 +699,20 @@ func addCleanup(c func()) {
 	cleanupsMu.Lock()
 	defer cleanupsMu.Unlock()
 	cleanups = append(cleanups, c)
+}
+
+// knownScenario reports whether name is a scenario that forkbench runs.
+func knownScenario(name string) bool {
+	for _, sc := range cloneScenarios {
+		if sc.name == name {
+			return true
+		}
+	}
+	switch name {
+	case "repark", "layers", "layers-dirty", "registry", "prestarted", "prestarted-cpython", "http", "storage", "burst", "density", "verify", "dedup", "flatten":
+		return true
+	}
+	return false
 }
 
 func fatalf(format string, args ...any) {

@@ -3,7 +3,8 @@
 // runtime, as box plots over the raw samples) and X-pss.svg (total Pss of
 // all clones, per scenario and runtime), and X-dedup.svg (the dedup
 // scenario's group memory over time, a line per condition) if the file has
-// those results, next to it (-format png for PNG).
+// those results, and X-flatten.svg (the flatten scenario's memory over the
+// number of clones) if it has those, next to it (-format png for PNG).
 //
 //	go run ./bench/plot bench/results-2026-12-01.json
 package main
@@ -53,8 +54,9 @@ func run(path string) error {
 		return err
 	}
 	var file struct {
-		Results []result      `json:"results"`
-		Dedup   []dedupResult `json:"dedup"`
+		Results []result        `json:"results"`
+		Dedup   []dedupResult   `json:"dedup"`
+		Flatten []flattenResult `json:"flatten"`
 	}
 	if err := json.Unmarshal(data, &file); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
@@ -65,8 +67,8 @@ func run(path string) error {
 			clones = append(clones, r)
 		}
 	}
-	if len(clones) == 0 && len(file.Dedup) == 0 {
-		return fmt.Errorf("%s holds no clone scenario or dedup results", path)
+	if len(clones) == 0 && len(file.Dedup) == 0 && len(file.Flatten) == 0 {
+		return fmt.Errorf("%s holds no clone scenario, dedup or flatten results", path)
 	}
 	stem := strings.TrimSuffix(path, ".json")
 	var wrote []string
@@ -88,37 +90,102 @@ func run(path string) error {
 		}
 		wrote = append(wrote, out)
 	}
+	if len(file.Flatten) > 0 {
+		out := stem + "-flatten." + *format
+		if err := flattenPlot(file.Flatten, out); err != nil {
+			return err
+		}
+		wrote = append(wrote, out)
+	}
 	fmt.Printf("wrote %s\n", strings.Join(wrote, ", "))
 	return nil
 }
 
 // dedupResult is the part of forkbench's DedupResult that the plot uses.
 type dedupResult struct {
-	Condition string    `json:"condition"`
-	TimesS    []float64 `json:"times_s"`
-	PssMiB    []float64 `json:"pss_mib"`
+	Condition  string    `json:"condition"`
+	TimesS     []float64 `json:"times_s"`
+	PssMiB     []float64 `json:"pss_mib"`
+	ChargedMiB []float64 `json:"charged_mib"`
 }
 
-// dedupPlot draws each dedup condition's total Pss over time, one line each.
+// dedupPlot draws each dedup condition's total Pss over time, one solid
+// line each, and what its cgroup was charged, dashed (results that have it).
 func dedupPlot(rs []dedupResult, out string) error {
 	var names []string
 	for _, r := range rs {
 		names = append(names, r.Condition)
 	}
-	p, _ := newPlot("group memory over time: same payload in every instance (total Pss, MiB)", "MiB", names)
+	p, _ := newPlot("group memory over time, same payload in every instance (MiB; solid: total Pss, dashed: cgroup-charged)", "MiB", names)
 	p.X.Label.Text = "seconds since the group was ready"
 	for j, r := range rs {
-		pts := make(plotter.XYs, len(r.TimesS))
-		for i := range r.TimesS {
-			pts[i].X, pts[i].Y = r.TimesS[i], r.PssMiB[i]
+		for _, s := range []struct {
+			y      []float64
+			dashed bool
+		}{{r.PssMiB, false}, {r.ChargedMiB, true}} {
+			if len(s.y) != len(r.TimesS) {
+				continue // no such samples in this file
+			}
+			pts := make(plotter.XYs, len(r.TimesS))
+			for i := range r.TimesS {
+				pts[i].X, pts[i].Y = r.TimesS[i], s.y[i]
+			}
+			line, err := plotter.NewLine(pts)
+			if err != nil {
+				return fmt.Errorf("%s: %w", r.Condition, err)
+			}
+			line.Color = plotutil.Color(j)
+			line.Width = vg.Points(1.5)
+			if s.dashed {
+				line.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
+			}
+			p.Add(line)
 		}
-		line, err := plotter.NewLine(pts)
+	}
+	return p.Save(8*vg.Inch, 4*vg.Inch, out)
+}
+
+// flattenResult is the part of forkbench's FlattenResult that the plot uses.
+type flattenResult struct {
+	N               int     `json:"n"`
+	BaseMiB         float64 `json:"base_mib"`
+	DeltaMiB        float64 `json:"delta_mib"`
+	RssMiB          float64 `json:"rss_mib"`
+	PssMiB          float64 `json:"pss_mib"`
+	PrivateDirtyMiB float64 `json:"private_dirty_mib"`
+}
+
+// flattenPlot draws the clones' memory over their number: Rss (what they
+// would cost without sharing), Pss and Private_Dirty as measured, and the
+// ideal of one base plus N deltas.
+func flattenPlot(rs []flattenResult, out string) error {
+	series := []struct {
+		name string
+		y    func(r flattenResult) float64
+	}{
+		{"Rss (no sharing)", func(r flattenResult) float64 { return r.RssMiB }},
+		{"Pss", func(r flattenResult) float64 { return r.PssMiB }},
+		{"Private_Dirty", func(r flattenResult) float64 { return r.PrivateDirtyMiB }},
+		{"base + N x delta", func(r flattenResult) float64 { return r.BaseMiB + float64(r.N)*r.DeltaMiB }},
+	}
+	var names []string
+	for _, s := range series {
+		names = append(names, s.name)
+	}
+	p, _ := newPlot("N clones over one base: memory (MiB)", "MiB", names)
+	p.X.Label.Text = "clones (N)"
+	for j, s := range series {
+		pts := make(plotter.XYs, len(rs))
+		for i, r := range rs {
+			pts[i].X, pts[i].Y = float64(r.N), s.y(r)
+		}
+		line, points, err := plotter.NewLinePoints(pts)
 		if err != nil {
-			return fmt.Errorf("%s: %w", r.Condition, err)
+			return fmt.Errorf("%s: %w", s.name, err)
 		}
-		line.Color = plotutil.Color(j)
+		line.Color, points.Color = plotutil.Color(j), plotutil.Color(j)
 		line.Width = vg.Points(1.5)
-		p.Add(line)
+		p.Add(line, points)
 	}
 	return p.Save(8*vg.Inch, 4*vg.Inch, out)
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkvisor/forkvisor/internal/cgroupmem"
 )
 
 // Runsc is one runsc binary with its own state root.
@@ -35,6 +37,10 @@ type Runsc struct {
 	// Network is the --network mode; default "none". With "sandbox" the
 	// bundle names the network namespace to use (SetNetNS).
 	Network string
+	// Cgroup, if set, is the memory cgroup that every runsc command runs
+	// in, so that the sandboxes it creates (sentry, gofer, stubs) are
+	// charged there from their first page.
+	Cgroup *cgroupmem.Group
 }
 
 // StorePath returns the node base store r uses.
@@ -68,6 +74,9 @@ func (r *Runsc) command(args ...string) *exec.Cmd {
 	}
 	if r.LogDir != "" {
 		global = append(global, "--debug", "--debug-log="+r.LogDir+"/")
+	}
+	if r.Cgroup != nil {
+		return r.Cgroup.Command(r.Bin, append(global, args...)...)
 	}
 	return exec.Command(r.Bin, append(global, args...)...)
 }
