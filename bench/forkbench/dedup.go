@@ -135,7 +135,7 @@ func sandboxGroup(dir string, rt runtimeConfig, n, payloadMiB int) *dedupGroup {
 		// sandbox would be; its clones run inside.
 		p := parkTick(base, "dedup", rt, tickArgs...)
 		r = p.r
-		r.Cgroup = g.cgroup
+		must(sandbox.SetCgroupsPath(p.bundle, g.cgroup.Path()))
 		for i := 0; i < n; i++ {
 			id, out := fmt.Sprintf("clone%d", i), filepath.Join(base, fmt.Sprintf("clone%d.out", i))
 			_, _, err := r.RestoreFirstTick(p.bundle, id, p.image, out)
@@ -143,10 +143,11 @@ func sandboxGroup(dir string, rt runtimeConfig, n, payloadMiB int) *dedupGroup {
 			ids, g.outs = append(ids, id), append(g.outs, out)
 		}
 	} else {
-		r = &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: true, LogDir: runtimeLogDir("dedup", rt), Cgroup: g.cgroup}
+		r = &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: true, LogDir: runtimeLogDir("dedup", rt)}
 		addCleanup(r.Cleanup)
 		bundle := filepath.Join(base, "bundle")
 		must(sandbox.NewBundle(bundle, abs(*tickBin), tickArgs...))
+		must(sandbox.SetCgroupsPath(bundle, g.cgroup.Path()))
 		for i := 0; i < n; i++ {
 			id, out := fmt.Sprintf("sandbox%d", i), filepath.Join(base, fmt.Sprintf("sandbox%d.out", i))
 			_, err := r.RunUntilTick(bundle, id, out, 2, nil)

@@ -21,10 +21,13 @@ type FlattenResult struct {
 	RssMiB          float64 `json:"rss_mib"`
 	PssMiB          float64 `json:"pss_mib"`
 	PrivateDirtyMiB float64 `json:"private_dirty_mib"`
-	// Ratio is Rss/Pss; Ideal is the ratio if the clones held the base once
-	// and their deltas privately, and nothing else.
+	// Ratio is Rss/Pss; Ideal is the ratio if the clones held the base's
+	// unchanged pages once and their deltas privately, and nothing else.
 	Ratio float64 `json:"ratio"`
 	Ideal float64 `json:"ideal"`
+	// Error is the test's failure, if it failed (the other fields are then
+	// zero).
+	Error string `json:"error,omitempty"`
 }
 
 // intList parses a comma-separated list of integers.
@@ -41,7 +44,7 @@ func intList(s string) []int {
 // flatten runs the flatten scenario for each N in ns: pgalloc's test binary
 // is built from build/gvisor once, then run per N.
 func flatten(dir string, ns []int) []FlattenResult {
-	bin := filepath.Join(dir, "pgalloc.test")
+	bin := abs(filepath.Join(dir, "pgalloc.test"))
 	build := exec.Command("go", "test", "-c", "-o", bin, "./pkg/sentry/pgalloc/")
 	build.Dir = "build/gvisor"
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -53,13 +56,19 @@ func flatten(dir string, ns []int) []FlattenResult {
 		fmt.Fprintf(os.Stderr, "forkbench: flatten, N=%d\n", n)
 		cmd := exec.Command(bin, "-test.run", "^TestSharedBaseFlatten$", "-test.v", "-test.count=1")
 		cmd.Env = append(os.Environ(), fmt.Sprintf("FLATTEN_N=%d", n))
+		// A failure is recorded, not fatal: the scenarios run before this
+		// one keep their results.
 		b, err := cmd.CombinedOutput()
 		if err != nil {
-			fatalf("flatten test for N=%d: %v\n%s", n, err, tail(b, 40))
+			fmt.Fprintf(os.Stderr, "forkbench: flatten test for N=%d failed: %v\n%s\n", n, err, tail(b, 40))
+			out = append(out, FlattenResult{N: n, Error: fmt.Sprintf("%v: %s", err, tail(b, 5))})
+			continue
 		}
 		r, err := parseFlatten(string(b))
 		if err != nil {
-			fatalf("flatten test for N=%d: %v", n, err)
+			fmt.Fprintf(os.Stderr, "forkbench: flatten for N=%d: %v\n", n, err)
+			out = append(out, FlattenResult{N: n, Error: err.Error()})
+			continue
 		}
 		out = append(out, r)
 	}
@@ -111,6 +120,10 @@ func printFlatten(rs []FlattenResult) {
 	fmt.Printf("\nflatten: N MemoryFiles restored from one delta-only checkpoint over one base, in one process (growth of smaps_rollup)\n")
 	fmt.Printf("%-4s %8s %9s %9s %9s %18s %7s %7s %9s\n", "N", "base_MiB", "delta_MiB", "rss_MiB", "pss_MiB", "private_dirty_MiB", "ratio", "ideal", "of_ideal")
 	for _, r := range rs {
+		if r.Error != "" {
+			fmt.Printf("%-4d FAILED: %s\n", r.N, strings.ReplaceAll(r.Error, "\n", " | "))
+			continue
+		}
 		fmt.Printf("%-4d %8.0f %9.0f %9.1f %9.1f %18.1f %7.2f %7.2f %8.0f%%\n", r.N, r.BaseMiB, r.DeltaMiB, r.RssMiB, r.PssMiB, r.PrivateDirtyMiB, r.Ratio, r.Ideal, 100*r.Ratio/r.Ideal)
 	}
 }

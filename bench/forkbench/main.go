@@ -194,7 +194,17 @@ var cloneScenarios = []cloneScenario{
 
 func main() {
 	flag.Parse()
-	if os.Geteuid() != 0 {
+	want := map[string]bool{}
+	for _, s := range strings.Split(*scenarios, ",") {
+		s = strings.TrimSpace(s)
+		if !knownScenario(s) {
+			fatalf("unknown scenario %q (-scenarios): see the list at the top of bench/forkbench/main.go", s)
+		}
+		want[s] = true
+	}
+	// Every scenario but flatten runs sandboxes.
+	sandboxes := len(want) > 1 || !want["flatten"]
+	if sandboxes && os.Geteuid() != 0 {
 		fatalf("forkbench needs root to run sandboxes")
 	}
 	// Ctrl-C or SIGTERM tears down every sandbox, mount and loop device the
@@ -206,7 +216,7 @@ func main() {
 		fatalf("interrupted (%v)", sig)
 	}()
 	for _, p := range []string{*upstreamBin, *forkBin, *tickBin} {
-		if _, err := os.Stat(p); err != nil {
+		if _, err := os.Stat(p); err != nil && sandboxes {
 			fatalf("%v (run `make` first)", err)
 		}
 	}
@@ -229,14 +239,6 @@ func main() {
 	}
 
 	var results []Result
-	want := map[string]bool{}
-	for _, s := range strings.Split(*scenarios, ",") {
-		s = strings.TrimSpace(s)
-		if !knownScenario(s) {
-			fatalf("unknown scenario %q (-scenarios): see the list at the top of bench/forkbench/main.go", s)
-		}
-		want[s] = true
-	}
 	for _, sc := range cloneScenarios {
 		repark := sc.name == "clones256" && want["repark"]
 		if !want[sc.name] && !repark {

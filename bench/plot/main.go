@@ -153,12 +153,20 @@ type flattenResult struct {
 	RssMiB          float64 `json:"rss_mib"`
 	PssMiB          float64 `json:"pss_mib"`
 	PrivateDirtyMiB float64 `json:"private_dirty_mib"`
+	Error           string  `json:"error"`
 }
 
 // flattenPlot draws the clones' memory over their number: Rss (what they
 // would cost without sharing), Pss and Private_Dirty as measured, and the
-// ideal of one base plus N deltas.
-func flattenPlot(rs []flattenResult, out string) error {
+// ideal: the base's unchanged pages once plus N deltas. Rows of a failed
+// run are left out.
+func flattenPlot(all []flattenResult, out string) error {
+	var rs []flattenResult
+	for _, r := range all {
+		if r.Error == "" {
+			rs = append(rs, r)
+		}
+	}
 	series := []struct {
 		name string
 		y    func(r flattenResult) float64
@@ -166,14 +174,21 @@ func flattenPlot(rs []flattenResult, out string) error {
 		{"Rss (no sharing)", func(r flattenResult) float64 { return r.RssMiB }},
 		{"Pss", func(r flattenResult) float64 { return r.PssMiB }},
 		{"Private_Dirty", func(r flattenResult) float64 { return r.PrivateDirtyMiB }},
-		{"base + N x delta", func(r flattenResult) float64 { return r.BaseMiB + float64(r.N)*r.DeltaMiB }},
+		{"(base - delta) + N x delta", func(r flattenResult) float64 { return r.BaseMiB - r.DeltaMiB + float64(r.N)*r.DeltaMiB }},
 	}
 	var names []string
 	for _, s := range series {
 		names = append(names, s.name)
 	}
 	p, _ := newPlot("N clones over one base: memory (MiB)", "MiB", names)
-	p.X.Label.Text = "clones (N)"
+	p.Legend.Left = true
+	p.X.Label.Text = "clones (N, log scale)"
+	p.X.Scale = plot.LogScale{}
+	var ticks []plot.Tick
+	for _, r := range rs {
+		ticks = append(ticks, plot.Tick{Value: float64(r.N), Label: fmt.Sprint(r.N)})
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	for j, s := range series {
 		pts := make(plotter.XYs, len(rs))
 		for i, r := range rs {

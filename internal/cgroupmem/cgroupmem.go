@@ -26,6 +26,9 @@ const Root = "/sys/fs/cgroup"
 
 // Group is a memory cgroup.
 type Group struct {
+	// path is the cgroup's path relative to the root of a hierarchy.
+	path string
+	// dir is its directory in the memory hierarchy.
 	dir string
 	v2  bool
 }
@@ -33,27 +36,31 @@ type Group struct {
 // New creates the memory cgroup forkbench/name (removing a leftover one
 // of that name first).
 func New(name string) (*Group, error) {
-	g := &Group{}
+	g := &Group{path: "/forkbench/" + name}
 	if _, err := os.Stat(filepath.Join(Root, "cgroup.controllers")); err == nil {
 		g.v2 = true
-		g.dir = filepath.Join(Root, "forkbench", name)
+		g.dir = filepath.Join(Root, g.path)
 		// The memory controller must be enabled for the children of each
 		// ancestor.
 		if err := os.MkdirAll(filepath.Dir(g.dir), 0o755); err != nil {
 			return nil, err
 		}
 		for _, d := range []string{Root, filepath.Dir(g.dir)} {
-			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+memory"), 0); err != nil {
+			control := filepath.Join(d, "cgroup.subtree_control")
+			if b, err := os.ReadFile(control); err == nil && strings.Contains(" "+string(b)+" ", " memory ") {
+				continue
+			}
+			if err := os.WriteFile(control, []byte("+memory"), 0); err != nil {
 				return nil, fmt.Errorf("enabling the memory controller below %s: %w", d, err)
 			}
 		}
 	} else {
-		g.dir = filepath.Join(Root, "memory", "forkbench", name)
+		g.dir = filepath.Join(Root, "memory", g.path)
 		if _, err := os.Stat(filepath.Dir(filepath.Dir(g.dir))); err != nil {
 			return nil, fmt.Errorf("no cgroup v2 and no v1 memory hierarchy under %s: %w", Root, err)
 		}
 	}
-	if err := removeDir(g.dir); err != nil {
+	if err := g.Remove(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(g.dir, 0o755); err != nil {
@@ -62,13 +69,20 @@ func New(name string) (*Group, error) {
 	return g, nil
 }
 
-// Dir returns the cgroup's directory.
+// Dir returns the cgroup's directory in the memory hierarchy.
 func (g *Group) Dir() string { return g.dir }
+
+// Path returns the cgroup's path relative to the root of a hierarchy, as an
+// OCI spec's linux.cgroupsPath names it (sandbox.SetCgroupsPath): runsc
+// moves a sandbox into its spec's cgroup (by default "/" + its ID), so a
+// sandbox is put in g through its bundle, not with Command.
+func (g *Group) Path() string { return g.path }
 
 // Command returns a command that runs name with args inside g: a shell
 // moves itself into g, then executes name, so that every process it starts
-// is charged to g from its first page. (exec.Cmd's CgroupFD would do the
-// same without the shell, but only on cgroup v2.)
+// is charged to g from its first page, unless it moves itself (runsc
+// does). exec.Cmd's CgroupFD would do the same without the shell, but only
+// on cgroup v2.
 func (g *Group) Command(name string, args ...string) *exec.Cmd {
 	return exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$0" && exec "$@"`, filepath.Join(g.dir, "cgroup.procs"), name}, args...)...)
 }
@@ -87,9 +101,30 @@ func (g *Group) Usage() (uint64, error) {
 }
 
 // Remove removes g once its processes have exited (waiting up to 10 s for
-// them to go).
+// them to go), and on cgroup v1 the same path in every other hierarchy,
+// where runsc creates it too for the sandboxes it puts in g.
 func (g *Group) Remove() error {
-	return removeDir(g.dir)
+	dirs := []string{g.dir}
+	if !g.v2 {
+		entries, err := os.ReadDir(Root)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if d := filepath.Join(Root, e.Name(), g.path); e.IsDir() && d != g.dir {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	for _, d := range dirs {
+		if err := removeDir(d); err != nil {
+			return err
+		}
+		// The shared parent goes once its last group has (an error means
+		// that another group is still there).
+		os.Remove(filepath.Dir(d))
+	}
+	return nil
 }
 
 // removeDir removes the cgroup dir and its descendants, deepest first,

@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/forkvisor/forkvisor/internal/cgroupmem"
 )
 
 // Runsc is one runsc binary with its own state root.
@@ -37,10 +35,6 @@ type Runsc struct {
 	// Network is the --network mode; default "none". With "sandbox" the
 	// bundle names the network namespace to use (SetNetNS).
 	Network string
-	// Cgroup, if set, is the memory cgroup that every runsc command runs
-	// in, so that the sandboxes it creates (sentry, gofer, stubs) are
-	// charged there from their first page.
-	Cgroup *cgroupmem.Group
 }
 
 // StorePath returns the node base store r uses.
@@ -74,9 +68,6 @@ func (r *Runsc) command(args ...string) *exec.Cmd {
 	}
 	if r.LogDir != "" {
 		global = append(global, "--debug", "--debug-log="+r.LogDir+"/")
-	}
-	if r.Cgroup != nil {
-		return r.Cgroup.Command(r.Bin, append(global, args...)...)
 	}
 	return exec.Command(r.Bin, append(global, args...)...)
 }
@@ -495,6 +486,21 @@ func SetNetNS(dir, path string) error {
 			kept = append(kept, ns)
 		}
 		linux["namespaces"] = kept
+		spec["linux"] = linux
+	})
+}
+
+// SetCgroupsPath sets the cgroup path (linux.cgroupsPath, relative to the
+// root of each cgroup hierarchy) of the bundle in dir: runsc puts every
+// sandbox of the bundle there, from the sandbox's first page. Without one,
+// runsc uses "/" + the container ID.
+func SetCgroupsPath(dir, path string) error {
+	return editSpec(dir, func(spec map[string]any) {
+		linux, _ := spec["linux"].(map[string]any)
+		if linux == nil {
+			linux = map[string]any{}
+		}
+		linux["cgroupsPath"] = path
 		spec["linux"] = linux
 	})
 }
