@@ -118,9 +118,11 @@ fuzz: $(TREE)/go.mod
 test-harness: $(TREE)/go.mod
 	$(GO) test -count=1 -timeout 45m -v ./... 2>&1 | tools/test-summary.sh
 
-# Everything CI runs: patch hygiene, the fork's tests, the harness's tests
-# (which need bin/runsc and bin/runsc-upstream for the sandbox tests).
-test: setup check-patches $(STAMP) all vet test-fork test-harness
+# Everything CI runs: patch hygiene (the series applies and re-exports,
+# every prefix builds, vets and matches its .proto), the fork's tests, the
+# harness's tests (which need bin/runsc and bin/runsc-upstream for the
+# sandbox tests).
+test: setup check-patches $(STAMP) check-series all vet test-fork test-harness
 
 # The pgalloc flatten table: N = 1..32 clones restored over one base in one
 # process (Rss, Pss, Private_Dirty), and its plot.
