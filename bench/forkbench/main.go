@@ -280,7 +280,7 @@ func main() {
 		prestartResults = prestarted(dir, runtimes, tickPrestart(256))
 	}
 	if want["prestarted-cpython"] {
-		prestartResults = append(prestartResults, prestarted(dir, runtimes, cpythonPrestart)...)
+		prestartResults = append(prestartResults, prestarted(dir, runtimes, cpythonPrestart())...)
 	}
 	var httpResults []HTTPResult
 	if want["http"] {
@@ -389,7 +389,7 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 	// has read (or, for the agent, walked) its whole heap.
 	fullPass := 3
 	if sc.pyEntries > 0 {
-		must(sandbox.NewPyAgentBundle(bundle, abs("."), sc.pyEntries, 100*time.Millisecond))
+		must(pyAgentBundle(bundle, sc.pyEntries))
 	} else {
 		args := append([]string{"-mib", fmt.Sprint(sc.heapMiB), "-interval", "50ms", "-check-mib", fmt.Sprint(sc.checkMiB)}, sc.args...)
 		must(sandbox.NewBundle(bundle, abs(*tickBin), args...))
@@ -703,16 +703,19 @@ func addCleanup(c func()) {
 	cleanups = append(cleanups, c)
 }
 
-// knownScenario reports whether name is a scenario that forkbench runs.
+// pyAgentBundle writes the CPython agent's bundle, with entries entries and
+// 100 ms ticks, into dir (scenarios cpython and prestarted-cpython).
+func pyAgentBundle(dir string, entries int) error {
+	return sandbox.NewPyAgentBundle(dir, abs("."), entries, 100*time.Millisecond)
+}
+
+// knownScenario reports whether name is a scenario that forkbench runs:
+// one of -scenarios' default, which lists them all.
 func knownScenario(name string) bool {
-	for _, sc := range cloneScenarios {
-		if sc.name == name {
+	for _, s := range strings.Split(flag.Lookup("scenarios").DefValue, ",") {
+		if s == name {
 			return true
 		}
-	}
-	switch name {
-	case "repark", "layers", "layers-dirty", "registry", "prestarted", "prestarted-cpython", "http", "storage", "burst", "density", "verify", "dedup", "flatten":
-		return true
 	}
 	return false
 }

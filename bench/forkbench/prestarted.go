@@ -52,9 +52,14 @@ func tickPrestart(heapMiB int) prestartWorkload {
 
 // cpythonPrestart is the CPython agent of the cpython scenario (scenario
 // prestarted-cpython).
-var cpythonPrestart = prestartWorkload{name: "cpython", bundle: func(dir string) error {
-	return sandbox.NewPyAgentBundle(dir, abs("."), 200000, 100*time.Millisecond)
-}}
+func cpythonPrestart() prestartWorkload {
+	for _, sc := range cloneScenarios {
+		if sc.name == "cpython" {
+			return prestartWorkload{name: "cpython", bundle: func(dir string) error { return pyAgentBundle(dir, sc.pyEntries) }}
+		}
+	}
+	panic("no cpython clone scenario")
+}
 
 // prestarted runs a prestarted scenario for each runtime: -repeat runs of 8
 // restores each way, alternating plain and prestarted; each clone is

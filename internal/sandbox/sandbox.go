@@ -472,11 +472,7 @@ func Annotate(dir string, annotations map[string]string) error {
 // SetNetNS makes the bundle in dir join the network namespace at path
 // (replacing any network namespace it names).
 func SetNetNS(dir, path string) error {
-	return editSpec(dir, func(spec map[string]any) {
-		linux, _ := spec["linux"].(map[string]any)
-		if linux == nil {
-			linux = map[string]any{}
-		}
+	return editLinux(dir, func(linux map[string]any) {
 		nss, _ := linux["namespaces"].([]any)
 		kept := []any{map[string]any{"type": "network", "path": path}}
 		for _, ns := range nss {
@@ -486,7 +482,6 @@ func SetNetNS(dir, path string) error {
 			kept = append(kept, ns)
 		}
 		linux["namespaces"] = kept
-		spec["linux"] = linux
 	})
 }
 
@@ -495,12 +490,18 @@ func SetNetNS(dir, path string) error {
 // sandbox of the bundle there, from the sandbox's first page. Without one,
 // runsc uses "/" + the container ID.
 func SetCgroupsPath(dir, path string) error {
+	return editLinux(dir, func(linux map[string]any) { linux["cgroupsPath"] = path })
+}
+
+// editLinux rewrites the "linux" object of the bundle's spec in dir
+// through edit, creating it if the spec has none.
+func editLinux(dir string, edit func(linux map[string]any)) error {
 	return editSpec(dir, func(spec map[string]any) {
 		linux, _ := spec["linux"].(map[string]any)
 		if linux == nil {
 			linux = map[string]any{}
 		}
-		linux["cgroupsPath"] = path
+		edit(linux)
 		spec["linux"] = linux
 	})
 }
