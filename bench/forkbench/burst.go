@@ -50,7 +50,11 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int) BurstResult {
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := 0; i < n; i++ {
-		ids[i], outs[i] = fmt.Sprintf("burst%d", i), filepath.Join(base, fmt.Sprintf("burst%d.out", i))
+		// Fixed-width IDs: runsc resolves a container ID that matches no
+		// container as a unique prefix of one, so "burst1" restored while
+		// "burst15" already exists would find (and refuse) the latter.
+		ids[i] = fmt.Sprintf("burst%0*d", len(fmt.Sprint(n-1)), i)
+		outs[i] = filepath.Join(base, ids[i]+".out")
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
