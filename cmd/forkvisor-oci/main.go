@@ -5,7 +5,14 @@
 // See package internal/ociartifact for the artifact layout.
 //
 //	forkvisor-oci [--plain-http] [--base-store DIR] push IMAGE_DIR REF
-//	forkvisor-oci [--plain-http] [--base-store DIR] [--runsc BIN] pull REF IMAGE_DIR
+//	forkvisor-oci [--plain-http] [--base-store DIR] [--runsc BIN] [--lazy] pull REF IMAGE_DIR
+//	forkvisor-oci [--base-store DIR] lazyd
+//
+// With --lazy, pull fetches only the checkpoint files and the base's block
+// manifest, and registers the base with the node's lazy fetcher: lazyd, run
+// once per node (as root, for as long as sandboxes use its bases), serves it
+// in the store, fetching and verifying each block on its first touch
+// (package internal/lazybase). runsc restore finds it there.
 //
 // Credentials come from the Docker configuration file. A progress bar is
 // shown on a terminal (stderr), nothing otherwise; the summary goes to
@@ -21,10 +28,12 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/forkvisor/forkvisor/internal/lazybase"
 	"github.com/forkvisor/forkvisor/internal/ociartifact"
 )
 
@@ -32,18 +41,19 @@ func main() {
 	plainHTTP := flag.Bool("plain-http", false, "talk HTTP instead of HTTPS to the registry (a registry on loopback)")
 	store := flag.String("base-store", "/var/lib/runsc/bases", "the node base store (runsc --base-store)")
 	runsc := flag.String("runsc", "", "the fork's runsc, which verifies and stores pulled bases (default: runsc beside this binary, else on PATH)")
+	lazy := flag.Bool("lazy", false, "pull: leave a base that the store lacks to the node's lazy fetcher (lazyd), which fetches each block on its first touch")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage:\n  %[1]s [flags] push IMAGE_DIR REF\n  %[1]s [flags] pull REF IMAGE_DIR\nflags:\n", filepath.Base(os.Args[0]))
+		fmt.Fprintf(os.Stderr, "usage:\n  %[1]s [flags] push IMAGE_DIR REF\n  %[1]s [flags] pull REF IMAGE_DIR\n  %[1]s [flags] lazyd\nflags:\n", filepath.Base(os.Args[0]))
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if flag.NArg() != 3 {
+	if flag.NArg() < 1 || flag.NArg() != map[string]int{"push": 3, "pull": 3, "lazyd": 1}[flag.Arg(0)] {
 		flag.Usage()
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	opts := ociartifact.Options{PlainHTTP: *plainHTTP}
+	opts := ociartifact.Options{PlainHTTP: *plainHTTP, Lazy: *lazy}
 	if isTerminal(os.Stderr) {
 		opts.Progress = os.Stderr
 	}
@@ -53,6 +63,8 @@ func main() {
 		err = push(ctx, os.Stdout, flag.Arg(1), *store, flag.Arg(2), opts)
 	case "pull":
 		err = pull(ctx, os.Stdout, flag.Arg(1), flag.Arg(2), ociartifact.BaseStore{Root: *store, Runsc: runscBinary(*runsc)}, opts)
+	case "lazyd":
+		err = serveLazy(ctx, *store)
 	default:
 		flag.Usage()
 		os.Exit(2)
@@ -86,6 +98,9 @@ func pull(ctx context.Context, w io.Writer, ref, imageDir string, store ociartif
 	switch {
 	case res.BaseDigest == "":
 		fmt.Fprintln(w, "no shared base")
+	case res.BaseLazy:
+		fmt.Fprintf(w, "base %s: %d blocks, %d zero; left to the lazy fetcher, served at %s\n",
+			res.BaseDigest, res.Blocks, res.ZeroBlocks, lazybase.Path(store.Root, strings.TrimPrefix(res.BaseDigest, "sha256:")))
 	case res.BaseWasStored:
 		fmt.Fprintf(w, "base %s: already stored, nothing fetched\n", res.BaseDigest)
 	default:
@@ -93,6 +108,37 @@ func pull(ctx context.Context, w io.Writer, ref, imageDir string, store ociartif
 			res.BaseDigest, res.Blocks, res.ZeroBlocks, res.BlocksFetched, store.Root)
 	}
 	fmt.Fprintf(w, "fetched %d bytes\n", res.BytesFetched)
+	return nil
+}
+
+// serveLazy runs the node's lazy fetcher for the store at root until ctx is
+// done, then unmounts it.
+func serveLazy(ctx context.Context, root string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the lazy fetcher mounts a filesystem in %s: run it as root", root)
+	}
+	srv, err := lazybase.Serve(root, ociartifact.BlockFetcher)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stdout, "serving lazy bases at %s\n", filepath.Join(root, lazybase.MountDir))
+	done := make(chan struct{})
+	go func() {
+		srv.Wait()
+		close(done)
+	}()
+	select {
+	case <-ctx.Done():
+		if err := srv.Unmount(); err != nil {
+			// Sandboxes still map a base: detach the mount (their later
+			// reads of pages not yet read fail).
+			unix.Unmount(filepath.Join(root, lazybase.MountDir), unix.MNT_DETACH)
+		}
+		<-done
+	case <-done:
+	}
+	st := srv.Stats()
+	fmt.Fprintf(os.Stdout, "lazy fetcher stopped: %d blocks (%d bytes) fetched, %d found in the node cache, %d failures\n", st.BlocksFetched, st.BytesFetched, st.BlocksVerifiedLocal, st.Failures)
 	return nil
 }
 

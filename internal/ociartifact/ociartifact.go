@@ -58,6 +58,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/retry"
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
+	"github.com/forkvisor/forkvisor/internal/lazybase"
 )
 
 // Artifact and media types, and annotations.
@@ -106,6 +107,11 @@ type Options struct {
 	// Progress, if not nil, receives a progress bar for base blocks (pass a
 	// terminal; nil is quiet).
 	Progress io.Writer
+	// Lazy makes Pull register a base that the node store lacks with the
+	// node's lazy fetcher (package lazybase) instead of fetching it: a
+	// restore then starts at once and the fetcher fetches, verifies and
+	// keeps each block on its first touch.
+	Lazy bool
 }
 
 // Repository returns the repository of ref ("host[:port]/name[:tag]") with
@@ -454,6 +460,9 @@ type PullResult struct {
 	// BaseWasStored is true if the node store held the base already (nothing
 	// of it was fetched).
 	BaseWasStored bool
+	// BaseLazy is true if the base was registered with the node's lazy
+	// fetcher (Options.Lazy) rather than fetched.
+	BaseLazy bool
 	// Blocks, ZeroBlocks, BlocksFetched: blocks of the base, those that are
 	// all zeroes (never fetched) and those fetched (a block repeated in the
 	// base is fetched once).
@@ -546,6 +555,17 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 				return nil, err
 			}
 			res.BaseWasStored = true
+		} else if opts.Lazy {
+			for i := range m.Blocks {
+				if m.Zero(i) {
+					res.ZeroBlocks++
+				}
+			}
+			src := lazybase.Source{Reference: repo.Reference.Registry + "/" + repo.Reference.Repository, PlainHTTP: opts.PlainHTTP}
+			if err := lazybase.Register(store.Root, m, src); err != nil {
+				return nil, fmt.Errorf("%s: %w", ref, err)
+			}
+			res.BaseLazy = true
 		} else if err := pullBase(ctx, repo, ref, m, d, store, opts, res); err != nil {
 			return nil, err
 		}
@@ -556,13 +576,30 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, imageDir, unix.RENAME_NOREPLACE); err != nil {
 		return nil, fmt.Errorf("%s: moving the pulled image into %s: %w", ref, imageDir, err)
 	}
-	if d != nil {
+	if d != nil && !res.BaseLazy {
 		if err := store.Link(imageDir, d.SHA256); err != nil {
 			os.RemoveAll(imageDir)
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
 	return res, nil
+}
+
+// BlockFetcher returns the lazybase.FetchFunc that fetches base blocks from
+// src's repository, verified against their digest, with credentials from the
+// Docker configuration file.
+func BlockFetcher(src lazybase.Source) (lazybase.FetchFunc, error) {
+	repo, err := Repository(src.Reference, Options{PlainHTTP: src.PlainHTTP})
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, dg string, size int64) ([]byte, error) {
+		b, err := content.FetchAll(ctx, repo, ocispec.Descriptor{MediaType: BlockMediaType, Digest: digest.Digest(dg), Size: size})
+		if errors.Is(err, content.ErrMismatchedDigest) || errors.Is(err, content.ErrTrailingData) {
+			err = fmt.Errorf("%w: %w", lazybase.ErrMismatch, err)
+		}
+		return b, err
+	}, nil
 }
 
 // fetchBlockManifest fetches the base manifest subject and its block

@@ -1,0 +1,573 @@
+// Package lazybase serves shared bases that a node has not fetched yet.
+//
+// A base pulled lazily (`forkvisor-oci pull --lazy`) is registered in the
+// node base store: its block manifest (package blockmanifest) and where its
+// blocks are (an OCI repository). The node's fetcher (`forkvisor-oci lazyd`,
+// one per node) serves every registered base as a read-only file of a FUSE
+// filesystem mounted in the store:
+//
+//	STORE/lazy/<hex>/base.img    the base, as runsc restore maps it
+//	STORE/lazy/<hex>/base.json   its publish record (runsc's base.json)
+//	STORE/lazy-cache/<hex>/      manifest.json, source.json, blocks, fetches.jsonl
+//
+// A read of base.img first makes sure that every 2 MiB block it overlaps is
+// present in the node's cache file (blocks): a block that is not is fetched
+// from the registry, its SHA-256 compared with the block manifest, written
+// to the cache file, and only then are its bytes returned. Known-zero blocks
+// are never fetched. A block is fetched once per node however many readers
+// ask for it at once (one fetch per block in flight, the others wait for
+// it), and a block found in the cache file (after the fetcher restarts) is
+// hashed again before it is trusted. A block that cannot be fetched or does
+// not match fails the read with EIO and a log line naming the block, the
+// base and the reference; its bytes never reach a reader.
+//
+// Why FUSE rather than a protocol of the sandbox's own: every clone maps the
+// same file, so the kernel's page cache of that one inode holds each base
+// page once for the node (userfaultfd would install private pages per
+// process and lose the sharing), and every path by which a sentry reads base
+// memory (its own mapping, systrap stubs' mappings, pread, sendfile) goes
+// through that page cache, so none of them can bypass the fetch and its
+// check. The sentry needs no network access and no change: runsc hands it a
+// descriptor of base.img like any other base.
+//
+// Invariants: a page of base.img is in the page cache only if a read
+// returned it, and a read returns only bytes of blocks whose SHA-256 matched
+// the manifest, which commits to the root that the checkpoint records (the
+// manifest is validated against its root when it is registered and again
+// when it is loaded). The attributes of base.img never change, and files are
+// opened with FOPEN_KEEP_CACHE, so the kernel never drops the cache because
+// another sandbox opened the file.
+package lazybase
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/sys/unix"
+
+	"github.com/forkvisor/forkvisor/internal/blockmanifest"
+)
+
+// Names in the base store.
+const (
+	// MountDir is the FUSE mount point under the store root.
+	MountDir = "lazy"
+	// CacheDir holds the registered bases' state under the store root.
+	CacheDir = "lazy-cache"
+	// FSType is the mount's type as /proc/self/mountinfo shows it; runsc
+	// maps a base from a FUSE mount only if it has this type and was
+	// mounted by root.
+	FSType = "fuse.forkvisor-lazy"
+
+	manifestName = "manifest.json"
+	sourceName   = "source.json"
+	blocksName   = "blocks"
+	fetchLogName = "fetches.jsonl"
+	baseName     = "base.img"
+	recordName   = "base.json"
+)
+
+// Source says where the blocks of a base are.
+type Source struct {
+	// Reference is the OCI repository ("host[:port]/name"), with or without
+	// a tag; blocks are fetched by digest.
+	Reference string `json:"reference"`
+	// PlainHTTP talks HTTP instead of HTTPS to the registry.
+	PlainHTTP bool `json:"plain_http,omitempty"`
+}
+
+// ErrMismatch is wrapped by a FetchFunc's error when the registry served
+// bytes that do not hash to the digest asked for.
+var ErrMismatch = errors.New("content does not match its digest")
+
+// FetchFunc fetches the blob with digest ("sha256:<hex>") and size.
+type FetchFunc func(ctx context.Context, digest string, size int64) ([]byte, error)
+
+// NewFetcherFunc returns the FetchFunc for a Source.
+type NewFetcherFunc func(Source) (FetchFunc, error)
+
+var hexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// Path returns where the fetcher serves base hex of the store at root.
+func Path(root, hex string) string {
+	return filepath.Join(root, MountDir, hex, baseName)
+}
+
+// Register records base m (validated against its root) and its source in the
+// store at root, so that a running fetcher serves it. It replaces nothing
+// that is registered already: a base is content-addressed, so the first
+// registration stands (its source is where its blocks were first found).
+func Register(root string, m *blockmanifest.Manifest, src Source) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	hex, ok := bytes.CutPrefix([]byte(m.Digest), []byte("sha256:"))
+	if !ok || !hexDigest.Match(hex) {
+		return fmt.Errorf("block manifest root %q is not a sha256 digest", m.Digest)
+	}
+	if src.Reference == "" {
+		return errors.New("registering a lazy base: no registry reference")
+	}
+	dir := filepath.Join(root, CacheDir, string(hex))
+	if _, err := os.Stat(filepath.Join(dir, sourceName)); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Join(root, CacheDir), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(filepath.Join(root, CacheDir), ".register-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	s, _ := json.Marshal(src)
+	// source.json is written last: its presence marks a complete entry.
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{manifestName, m.Encode()}, {sourceName, s}} {
+		if err := writeSynced(filepath.Join(tmp, f.name), f.data); err != nil {
+			return err
+		}
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if _, serr := os.Stat(filepath.Join(dir, sourceName)); serr == nil {
+			return nil // Registered concurrently.
+		}
+		return fmt.Errorf("registering lazy base %s in %s: %w", m.Digest, root, err)
+	}
+	return nil
+}
+
+func writeSynced(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Stats counts what a Server did.
+type Stats struct {
+	BlocksFetched int64 `json:"blocks_fetched"`
+	BytesFetched  int64 `json:"bytes_fetched"`
+	// BlocksVerifiedLocal counts blocks found in the cache file (fetched
+	// before the fetcher restarted) and hashed again.
+	BlocksVerifiedLocal int64 `json:"blocks_verified_local"`
+	// Failures counts blocks that could not be fetched or did not match.
+	Failures int64 `json:"failures"`
+}
+
+// Server is a running fetcher.
+type Server struct {
+	root       string
+	newFetcher NewFetcherFunc
+	fuse       *fuse.Server
+
+	mu    sync.Mutex
+	bases map[string]*base // by hex digest; protected by mu
+	stats Stats            // protected by mu
+}
+
+// Serve mounts the fetcher's filesystem at root/lazy (creating it) and
+// serves it until Unmount. It needs root (a direct mount with allow_other,
+// so that sandboxes of any user can read it).
+func Serve(root string, newFetcher NewFetcherFunc) (*Server, error) {
+	mnt := filepath.Join(root, MountDir)
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return nil, err
+	}
+	// A fetcher that died leaves its mount behind (ENOTCONN): clear it.
+	_ = unix.Unmount(mnt, unix.MNT_DETACH)
+	s := &Server{root: root, newFetcher: newFetcher, bases: map[string]*base{}}
+	long := time.Hour
+	srv, err := fs.Mount(mnt, &rootNode{s: s}, &fs.Options{
+		MountOptions: fuse.MountOptions{
+			AllowOther:  true,
+			DirectMount: true,
+			FsName:      "forkvisor-lazy",
+			Name:        "forkvisor-lazy",
+			// Reads of up to 1 MiB per request. ReadResultData is not
+			// spliced (a pipe holds 1 MiB, not a reply of 1 MiB plus
+			// its header).
+			MaxWrite:      1 << 20,
+			DisableSplice: true,
+		},
+		EntryTimeout:    &long,
+		AttrTimeout:     &long,
+		NegativeTimeout: new(time.Duration),
+		UID:             0,
+		GID:             0,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mounting the lazy base fetcher at %s: %w", mnt, err)
+	}
+	s.fuse = srv
+	raiseReadahead(mnt)
+	return s, nil
+}
+
+// raiseReadahead lets the kernel read ahead a whole block per request on the
+// mount (its default is 128 KiB); errors are ignored.
+func raiseReadahead(mnt string) {
+	var st unix.Stat_t
+	if unix.Stat(mnt, &st) != nil {
+		return
+	}
+	path := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	_ = os.WriteFile(path, []byte(strconv.Itoa(blockmanifest.BlockSize>>10)), 0)
+}
+
+// Wait waits until the filesystem is unmounted.
+func (s *Server) Wait() { s.fuse.Wait() }
+
+// Unmount unmounts the filesystem. Sandboxes that still map a base keep the
+// pages they have read; their next read of any other page fails (SIGBUS).
+func (s *Server) Unmount() error {
+	return s.fuse.Unmount()
+}
+
+// Stats returns the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// base is one registered base being served.
+type base struct {
+	s     *Server
+	hex   string
+	m     *blockmanifest.Manifest
+	src   Source
+	fetch FetchFunc
+	// cache is the node's copy of the base's verified blocks (a sparse
+	// file of the base's length).
+	cache  *os.File
+	record []byte // the publish record served as base.json
+
+	group singleflight.Group
+
+	mu      sync.Mutex
+	present []bool // block i is in cache and verified; protected by mu
+	logFile *os.File
+	// lastFailure is when each failure (by its message, which names the
+	// block) was last logged: readers retry a failed access; protected by
+	// mu.
+	lastFailure map[string]time.Time
+}
+
+// logFailure logs that block i could not be made present, at most once per
+// failureLogInterval for the same error.
+func (b *base) logFailure(i int, err error) {
+	b.mu.Lock()
+	last, ok := b.lastFailure[err.Error()]
+	now := time.Now()
+	if ok && now.Sub(last) < failureLogInterval {
+		b.mu.Unlock()
+		return
+	}
+	b.lastFailure[err.Error()] = now
+	b.mu.Unlock()
+	fmt.Fprintf(os.Stderr, "lazybase: %v\n", err)
+}
+
+// failureLogInterval is the least time between two logs of one block's
+// failures.
+const failureLogInterval = 10 * time.Second
+
+// loadBase returns the served state of base hex, loading it on first use.
+func (s *Server) loadBase(hex string) (*base, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b, ok := s.bases[hex]; ok {
+		return b, nil
+	}
+	dir := filepath.Join(s.root, CacheDir, hex)
+	srcData, err := os.ReadFile(filepath.Join(dir, sourceName))
+	if err != nil {
+		return nil, err
+	}
+	var src Source
+	if err := json.Unmarshal(srcData, &src); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, sourceName), err)
+	}
+	mData, err := os.ReadFile(filepath.Join(dir, manifestName))
+	if err != nil {
+		return nil, err
+	}
+	m, err := blockmanifest.Decode(mData)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, manifestName), err)
+	}
+	if m.Digest != "sha256:"+hex {
+		return nil, fmt.Errorf("%s is the manifest of base %s, not sha256:%s", filepath.Join(dir, manifestName), m.Digest, hex)
+	}
+	fetch, err := s.newFetcher(src)
+	if err != nil {
+		return nil, fmt.Errorf("base sha256:%s: registry %s: %w", hex, src.Reference, err)
+	}
+	cache, err := os.OpenFile(filepath.Join(dir, blocksName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := cache.Truncate(int64(m.Length)); err != nil {
+		cache.Close()
+		return nil, err
+	}
+	logFile, err := os.OpenFile(filepath.Join(dir, fetchLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		cache.Close()
+		return nil, err
+	}
+	record, _ := json.Marshal(map[string]any{"version": 1, "length": m.Length, "sha256": hex, "image": baseName})
+	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, lastFailure: map[string]time.Time{}}
+	s.bases[hex] = b
+	return b, nil
+}
+
+// readAt fills dest with the base's bytes at off, making sure first that
+// every block it overlaps is present and verified.
+func (b *base) readAt(ctx context.Context, dest []byte, off int64) (int, error) {
+	if off >= int64(b.m.Length) {
+		return 0, nil
+	}
+	n := min(int64(len(dest)), int64(b.m.Length)-off)
+	dest = dest[:n]
+	for done := int64(0); done < n; {
+		i := int((off + done) / blockmanifest.BlockSize)
+		bOff, bLen := b.m.Range(i)
+		from := off + done - int64(bOff)
+		part := min(int64(bLen)-from, n-done)
+		dst := dest[done : done+part]
+		if b.m.Zero(i) {
+			clear(dst)
+		} else {
+			block, err := b.ensure(ctx, i)
+			if err != nil {
+				return 0, err
+			}
+			if block != nil {
+				copy(dst, block[from:])
+			} else if _, err := b.cache.ReadAt(dst, int64(bOff)+from); err != nil {
+				return 0, fmt.Errorf("reading block %d of base sha256:%s from the node cache %s: %w", i, b.hex, b.cache.Name(), err)
+			}
+		}
+		done += part
+	}
+	return int(n), nil
+}
+
+// ensure makes block i present and verified in the cache file. It returns
+// the block's bytes if it has just fetched or checked them (the caller
+// copies from them), nil if the block was present already.
+func (b *base) ensure(ctx context.Context, i int) ([]byte, error) {
+	b.mu.Lock()
+	ok := b.present[i]
+	b.mu.Unlock()
+	if ok {
+		return nil, nil
+	}
+	v, err, _ := b.group.Do(strconv.Itoa(i), func() (any, error) {
+		b.mu.Lock()
+		ok := b.present[i]
+		b.mu.Unlock()
+		if ok {
+			return []byte(nil), nil
+		}
+		block, err := b.load(i)
+		if err != nil {
+			b.s.mu.Lock()
+			b.s.stats.Failures++
+			b.s.mu.Unlock()
+			b.logFailure(i, err)
+			return nil, err
+		}
+		b.mu.Lock()
+		b.present[i] = true
+		b.mu.Unlock()
+		return block, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.([]byte), nil
+}
+
+// load returns block i, verified: from the cache file if it holds it (a
+// fetcher that restarted), else fetched from the registry and written to the
+// cache file.
+func (b *base) load(i int) ([]byte, error) {
+	off, n := b.m.Range(i)
+	want := b.m.Blocks[i]
+	block := make([]byte, n)
+	if _, err := b.cache.ReadAt(block, int64(off)); err == nil && sumOf(block) == want {
+		b.s.mu.Lock()
+		b.s.stats.BlocksVerifiedLocal++
+		b.s.mu.Unlock()
+		return block, nil
+	}
+	start := time.Now()
+	// The fetch outlives the read that started it (others may wait on it),
+	// but not a registry that stopped answering.
+	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
+	defer cancel()
+	data, err := b.fetch(ctx, want, int64(n))
+	if errors.Is(err, ErrMismatch) {
+		return nil, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest (%s): %w; refused", i, b.hex, b.src.Reference, want, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("block %d (%s) of base sha256:%s from %s: %w", i, want, b.hex, b.src.Reference, err)
+	}
+	if got := sumOf(data); uint64(len(data)) != n || got != want {
+		return nil, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest: %d bytes with digest %s, want %d bytes with %s; refused", i, b.hex, b.src.Reference, len(data), got, n, want)
+	}
+	if _, err := b.cache.WriteAt(data, int64(off)); err != nil {
+		return nil, fmt.Errorf("writing block %d of base sha256:%s to the node cache %s: %w", i, b.hex, b.cache.Name(), err)
+	}
+	// The sandboxes read the block through the FUSE file's page cache; do
+	// not keep a second copy in the cache file's.
+	fd := int(b.cache.Fd())
+	_ = unix.SyncFileRange(fd, int64(off), int64(n), unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+	_ = unix.Fadvise(fd, int64(off), int64(n), unix.FADV_DONTNEED)
+	b.s.mu.Lock()
+	b.s.stats.BlocksFetched++
+	b.s.stats.BytesFetched += int64(n)
+	b.s.mu.Unlock()
+	line, _ := json.Marshal(map[string]any{"block": i, "digest": want, "bytes": n, "ms": time.Since(start).Milliseconds(), "reference": b.src.Reference})
+	b.mu.Lock()
+	b.logFile.Write(append(line, '\n'))
+	b.mu.Unlock()
+	return data, nil
+}
+
+// fetchTimeout bounds one block fetch.
+const fetchTimeout = 60 * time.Second
+
+func sumOf(b []byte) string {
+	s := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(s[:])
+}
+
+// rootNode is the mount's root: one directory per registered base.
+type rootNode struct {
+	fs.Inode
+	s *Server
+}
+
+var _ = (fs.NodeLookuper)((*rootNode)(nil))
+var _ = (fs.NodeGetattrer)((*rootNode)(nil))
+
+func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = fuse.S_IFDIR | 0o755
+	return 0
+}
+
+func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if !hexDigest.MatchString(name) {
+		return nil, syscall.ENOENT
+	}
+	b, err := r.s.loadBase(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, syscall.ENOENT
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lazybase: %v\n", err)
+		return nil, syscall.EIO
+	}
+	if ch := r.GetChild(name); ch != nil {
+		return ch, 0
+	}
+	dir := r.NewPersistentInode(ctx, &fs.Inode{}, fs.StableAttr{Mode: fuse.S_IFDIR})
+	dir.AddChild(baseName, dir.NewPersistentInode(ctx, &fileNode{b: b}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
+	dir.AddChild(recordName, dir.NewPersistentInode(ctx, &recordNode{data: b.record}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
+	r.AddChild(name, dir, false)
+	out.Mode = fuse.S_IFDIR | 0o555
+	return dir, 0
+}
+
+// fileNode is base.img of one base.
+type fileNode struct {
+	fs.Inode
+	b *base
+}
+
+var _ = (fs.NodeGetattrer)((*fileNode)(nil))
+var _ = (fs.NodeOpener)((*fileNode)(nil))
+var _ = (fs.NodeReader)((*fileNode)(nil))
+
+func (n *fileNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = fuse.S_IFREG | 0o444
+	out.Size = n.b.m.Length
+	out.Blocks = (n.b.m.Length + 511) / 512
+	out.Blksize = 4096
+	return 0
+}
+
+func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (n *fileNode) Read(ctx context.Context, f fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	got, err := n.b.readAt(ctx, dest, off)
+	if err != nil {
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:got]), 0
+}
+
+// recordNode is base.json of one base: a read-only file of fixed content.
+type recordNode struct {
+	fs.Inode
+	data []byte
+}
+
+var _ = (fs.NodeGetattrer)((*recordNode)(nil))
+var _ = (fs.NodeOpener)((*recordNode)(nil))
+var _ = (fs.NodeReader)((*recordNode)(nil))
+
+func (n *recordNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = fuse.S_IFREG | 0o444
+	out.Size = uint64(len(n.data))
+	return 0
+}
+
+func (n *recordNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (n *recordNode) Read(ctx context.Context, f fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if off >= int64(len(n.data)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(n.data[off:min(int64(len(n.data)), off+int64(len(dest)))]), 0
+}
