@@ -1,0 +1,251 @@
+package lazybase
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/forkvisor/forkvisor/internal/blockmanifest"
+	"github.com/forkvisor/forkvisor/internal/prereq"
+)
+
+// fakeRegistry serves blocks by digest and counts fetches.
+type fakeRegistry struct {
+	mu      sync.Mutex
+	blobs   map[string][]byte
+	fetches map[string]int
+	down    bool
+}
+
+func (r *fakeRegistry) fetch(ctx context.Context, dg string, size int64) ([]byte, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.down {
+		return nil, errors.New("connection refused")
+	}
+	r.fetches[dg]++
+	b, ok := r.blobs[dg]
+	if !ok {
+		return nil, fmt.Errorf("%s: not found", dg)
+	}
+	// Like oras, a blob that does not hash to its digest is refused.
+	if sum := sha256.Sum256(b); "sha256:"+hex.EncodeToString(sum[:]) != dg {
+		return nil, fmt.Errorf("%w: mismatched digest", ErrMismatch)
+	}
+	return append([]byte(nil), b...), nil
+}
+
+// newBase returns a base of 6 blocks: 0, 1 and 4 hold data (4 repeats 1),
+// 2 and 3 are zero, 5 is a short last block with data.
+func newBase(t *testing.T) ([]byte, *blockmanifest.Manifest, *fakeRegistry) {
+	t.Helper()
+	data := make([]byte, 5*blockmanifest.BlockSize+64<<10)
+	for i := range data[:2*blockmanifest.BlockSize] {
+		data[i] = byte(i*7 + i>>12)
+	}
+	copy(data[4*blockmanifest.BlockSize:], data[blockmanifest.BlockSize:2*blockmanifest.BlockSize])
+	copy(data[5*blockmanifest.BlockSize:], []byte("the last, short block"))
+	path := filepath.Join(t.TempDir(), "base.img")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	reg := &fakeRegistry{blobs: map[string][]byte{}, fetches: map[string]int{}}
+	m, err := blockmanifest.Build(f, uint64(len(data)), func(i int, block []byte, sum [sha256.Size]byte) error {
+		reg.blobs["sha256:"+hex.EncodeToString(sum[:])] = append([]byte(nil), block...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data, m, reg
+}
+
+func serve(t *testing.T, root string, reg *fakeRegistry) *Server {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		prereq.Missing(t, "mounting the lazy fetcher's FUSE filesystem needs root")
+	}
+	s, err := Serve(root, func(Source) (FetchFunc, error) { return reg.fetch, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Unmount() })
+	return s
+}
+
+func TestServeFetchesOnFirstTouch(t *testing.T) {
+	data, m, reg := newBase(t)
+	root := t.TempDir()
+	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
+		t.Fatal(err)
+	}
+	s := serve(t, root, reg)
+	hexRoot := m.Digest[len("sha256:"):]
+	path := Path(root, hexRoot)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.Size() != int64(len(data)) || st.Mode().Perm() != 0o444 {
+		t.Fatalf("stat %s = %v, %v; want %d bytes, mode 0444", path, st, err, len(data))
+	}
+	if _, err := os.OpenFile(path, os.O_RDWR, 0); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("opening the base for writing: %v, want EROFS", err)
+	}
+	// Nothing is fetched until a read.
+	if st := s.Stats(); st.BlocksFetched != 0 {
+		t.Fatalf("%d blocks fetched before any read", st.BlocksFetched)
+	}
+	// Many readers of one block at once: one fetch.
+	var wg sync.WaitGroup
+	var bad atomic.Int32
+	for r := 0; r < 8; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 4096)
+			if _, err := f.ReadAt(buf, int64(r)*8192+100); err != nil || !bytes.Equal(buf, data[r*8192+100:][:4096]) {
+				bad.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if bad.Load() != 0 {
+		t.Fatalf("%d concurrent readers got wrong bytes", bad.Load())
+	}
+	if got := s.Stats().BlocksFetched; got != 1 {
+		t.Errorf("8 readers of block 0: %d fetches, want 1", got)
+	}
+	// The whole file reads back exactly; zero blocks are never fetched, and
+	// the repeated block is fetched for each place it appears at most once.
+	got, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("reading the whole base: %v (equal: %t)", err, bytes.Equal(got, data))
+	}
+	fetches, err := Fetches(root, hexRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, e := range fetches {
+		if m.Zero(e.Block) || seen[e.Block] {
+			t.Errorf("block %d fetched (zero: %t, again: %t)", e.Block, m.Zero(e.Block), seen[e.Block])
+		}
+		seen[e.Block] = true
+	}
+	if len(seen) != 4 {
+		t.Errorf("fetched blocks %v, want the 4 non-zero ones", seen)
+	}
+	// base.json is the publish record that runsc checks.
+	rec, err := os.ReadFile(filepath.Join(root, MountDir, hexRoot, "base.json"))
+	if want := fmt.Sprintf(`"sha256":"%s"`, hexRoot); err != nil || !bytes.Contains(rec, []byte(want)) || !bytes.Contains(rec, []byte(`"image":"base.img"`)) {
+		t.Errorf("base.json = %s, %v", rec, err)
+	}
+	// An unregistered digest is not there.
+	if _, err := os.Stat(Path(root, hex.EncodeToString(make([]byte, 32)))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stat of an unregistered base: %v, want ENOENT", err)
+	}
+}
+
+func TestServeRefusesBadBlocks(t *testing.T) {
+	data, m, reg := newBase(t)
+	root := t.TempDir()
+	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
+		t.Fatal(err)
+	}
+	s := serve(t, root, reg)
+	path := Path(root, m.Digest[len("sha256:"):])
+	// Block 1's blob is tampered with: its reads fail, never return the
+	// tampered bytes, and nothing of it is kept.
+	reg.blobs[m.Blocks[1]][5000] ^= 0xff
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	if _, err := f.ReadAt(buf, blockmanifest.BlockSize+4096); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read of a tampered block: %v, want EIO", err)
+	}
+	if st := s.Stats(); st.Failures == 0 || st.BlocksFetched != 0 {
+		t.Errorf("after a tampered block: %+v, want a failure and nothing fetched", st)
+	}
+	// Once the registry serves the right bytes, the block reads; with the
+	// registry down, a block not fetched yet fails, a fetched one reads.
+	reg.blobs[m.Blocks[1]][5000] ^= 0xff
+	if _, err := f.ReadAt(buf, blockmanifest.BlockSize+4096); err != nil || !bytes.Equal(buf, data[blockmanifest.BlockSize+4096:][:4096]) {
+		t.Errorf("read after the registry was repaired: %v", err)
+	}
+	reg.down = true
+	if _, err := f.ReadAt(buf, 5*blockmanifest.BlockSize); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read with the registry down: %v, want EIO", err)
+	}
+}
+
+func TestServeReverifiesCacheAfterRestart(t *testing.T) {
+	data, m, reg := newBase(t)
+	root := t.TempDir()
+	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
+		t.Fatal(err)
+	}
+	hexRoot := m.Digest[len("sha256:"):]
+	s := serve(t, root, reg)
+	if got, err := os.ReadFile(Path(root, hexRoot)); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("first read: %v", err)
+	}
+	if err := s.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	// A block of the node cache is damaged while the fetcher is down: the
+	// restarted fetcher finds the others there, verified, and fetches the
+	// damaged one again.
+	cache := filepath.Join(root, CacheDir, hexRoot, blocksName)
+	cf, err := os.OpenFile(cache, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cf.WriteAt([]byte{0xee}, 100); err != nil {
+		t.Fatal(err)
+	}
+	cf.Close()
+	reg.down = false
+	s2 := serve(t, root, reg)
+	if got, err := os.ReadFile(Path(root, hexRoot)); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read after restart: %v", err)
+	}
+	if st := s2.Stats(); st.BlocksFetched != 1 || st.BlocksVerifiedLocal != 3 {
+		t.Errorf("after restart: %+v, want block 0 fetched again and 3 blocks found in the node cache", st)
+	}
+}
+
+func TestRegisterRefusesBadManifest(t *testing.T) {
+	_, m, _ := newBase(t)
+	bad := *m
+	bad.Blocks = append([]string(nil), m.Blocks...)
+	bad.Blocks[2] = m.Blocks[0] // no longer commits to its root
+	root := t.TempDir()
+	if err := Register(root, &bad, Source{Reference: "registry.test/base"}); err == nil {
+		t.Errorf("Register of a manifest that does not match its root succeeded")
+	}
+	if err := Register(root, m, Source{}); err == nil {
+		t.Errorf("Register without a reference succeeded")
+	}
+	if entries, _ := os.ReadDir(filepath.Join(root, CacheDir)); len(entries) != 0 {
+		t.Errorf("failed registrations left %v", entries)
+	}
+}
