@@ -25,6 +25,12 @@
 //	           restore; park a clone of it again on A, push, pull on B
 //	           (which holds the base by then) and restore. Upstream's plain
 //	           checkpoint travels as one artifact of its files.
+//	lazy       park a 1 GiB tick workload (-lazy-mib) on node A and push it;
+//	           then restore it on A (warm, forkvisor), on a cold node after a
+//	           full pull (both runtimes; forkvisor verifies and stores the
+//	           base), and on a cold node after `pull --lazy` with the node's
+//	           lazy fetcher (forkvisor): pull, restore -> first tick, the
+//	           first full pass over the heap, and the base bytes fetched
 //	http       a stateful HTTP server (test/workloads/kvserver, 64 MiB heap) on
 //	           gVisor's network stack, parked and restored as 4 clones, each
 //	           in a network namespace of its own: restore -> first answered
@@ -92,12 +98,13 @@ var (
 	tickBin     = flag.String("tick", "bin/tick", "tick workload (static)")
 	ociBin      = flag.String("oci", "bin/forkvisor-oci", "registry companion (registry scenario)")
 	kvBin       = flag.String("kvserver", "bin/kvserver", "HTTP key-value workload (http scenario; static)")
-	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,prestarted,prestarted-cpython,http,storage,burst,density,verify,dedup,flatten", "scenarios to run")
+	scenarios   = flag.String("scenarios", "clones256,writer30,writer100,cpython,repark,clones2g,layers,layers-dirty,registry,lazy,prestarted,prestarted-cpython,http,storage,burst,density,verify,dedup,flatten", "scenarios to run")
 	densityMiB  = flag.Int("density-mib", 128, "heap of the density scenario's workload in MiB")
 	densityMax  = flag.Int("density-max", 64, "most clones the density scenario restores")
 	densityBudg = flag.Int("density-budget-mib", 2048, "total Pss at which the density scenario stops adding clones")
 	burstN      = flag.Int("burst-n", 16, "restores started at once in the burst scenario")
 	burstMiB    = flag.Int("burst-mib", 128, "heap of the burst scenario's workload in MiB")
+	lazyMiB     = flag.Int("lazy-mib", 1024, "heap of the lazy scenario's workload in MiB")
 	dedupMiB    = flag.Int("dedup-mib", 64, "payload of each instance in MiB for the dedup scenario")
 	dedupSecs   = flag.Int("dedup-seconds", 60, "how long the dedup scenario samples each group")
 	verifyMiB   = flag.Int("verify-mib", 512, "base size in MiB for the verify scenario")
@@ -275,6 +282,10 @@ func main() {
 	if want["registry"] {
 		fleetResults = fleet(dir, []runtimeConfig{runtimes[0], runtimes[2]}, 256)
 	}
+	var lazyResults []LazyResult
+	if want["lazy"] {
+		lazyResults = lazyRestores(dir, runtimes, *lazyMiB)
+	}
 	var prestartResults []PrestartResult
 	if want["prestarted"] {
 		prestartResults = prestarted(dir, runtimes, tickPrestart(256))
@@ -314,6 +325,7 @@ func main() {
 	printTable(results)
 	printFlatten(flattenResults)
 	printFleet(fleetResults)
+	printLazy(lazyResults)
 	printStorage(storageResults)
 	printPrestarted(prestartResults)
 	printHTTP(httpResults)
@@ -328,6 +340,7 @@ func main() {
 				"conditions": conditions(),
 				"results":    results,
 				"registry":   fleetResults,
+				"lazy":       lazyResults,
 				"prestarted": prestartResults,
 				"http":       httpResults,
 				"storage":    storageResults,

@@ -371,6 +371,9 @@ func (b *base) readAt(ctx context.Context, dest []byte, off int64) (int, error) 
 				return 0, err
 			}
 			if block != nil {
+				b.prefetchAfter(i)
+			}
+			if block != nil {
 				copy(dst, block[from:])
 			} else if _, err := b.cache.ReadAt(dst, int64(bOff)+from); err != nil {
 				return 0, fmt.Errorf("reading block %d of base sha256:%s from the node cache %s: %w", i, b.hex, b.cache.Name(), err)
@@ -380,6 +383,28 @@ func (b *base) readAt(ctx context.Context, dest []byte, off int64) (int, error) 
 	}
 	return int(n), nil
 }
+
+// prefetchAfter starts fetching the prefetchBlocks blocks after block i in
+// the background if the reader seems to go through the base in order (block
+// i-1 is present): a sequential reader then rarely waits for the registry.
+// Readers of those blocks wait for the fetch in flight rather than start
+// another.
+func (b *base) prefetchAfter(i int) {
+	b.mu.Lock()
+	sequential := i > 0 && b.present[i-1]
+	b.mu.Unlock()
+	if !sequential {
+		return
+	}
+	for j := i + 1; j <= i+prefetchBlocks && j < len(b.m.Blocks); j++ {
+		if !b.m.Zero(j) {
+			go b.ensure(context.Background(), j)
+		}
+	}
+}
+
+// prefetchBlocks is how far ahead a sequential reader is fetched.
+const prefetchBlocks = 2
 
 // ensure makes block i present and verified in the cache file. It returns
 // the block's bytes if it has just fetched or checked them (the caller
@@ -449,10 +474,14 @@ func (b *base) load(i int) ([]byte, error) {
 		return nil, fmt.Errorf("writing block %d of base sha256:%s to the node cache %s: %w", i, b.hex, b.cache.Name(), err)
 	}
 	// The sandboxes read the block through the FUSE file's page cache; do
-	// not keep a second copy in the cache file's.
-	fd := int(b.cache.Fd())
-	_ = unix.SyncFileRange(fd, int64(off), int64(n), unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
-	_ = unix.Fadvise(fd, int64(off), int64(n), unix.FADV_DONTNEED)
+	// not keep a second copy in the cache file's once it is written back.
+	// The readers do not wait for that: the page cache serves the block
+	// until then.
+	go func() {
+		fd := int(b.cache.Fd())
+		_ = unix.SyncFileRange(fd, int64(off), int64(n), unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+		_ = unix.Fadvise(fd, int64(off), int64(n), unix.FADV_DONTNEED)
+	}()
 	b.s.mu.Lock()
 	b.s.stats.BlocksFetched++
 	b.s.stats.BytesFetched += int64(n)
