@@ -142,12 +142,13 @@ FAULT_TRIALS ?= 25
 faults: setup all
 	FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 80m -v -run 'TestTamperedImageRefused|TestKilledSharedBaseCheckpoint|TestFilestoreKilledCheckpoint' ./test/e2e/ 2>&1 | tee build/faults.log | grep -E 'fault summary|FAULT_SEED|^(--- |ok|FAIL)'
 
-# The benchmarks that fit in about 15 minutes here: readers
+# The benchmarks that fit in about 30 minutes here: readers
 # and writers (30%, 100%, CPython) cloned over a shared base, a re-park,
 # pre-started sandboxes (tick and CPython), a burst of 16 restores, the cost
-# of verifying a base and the flatten curve; 3 repetitions of the clone
+# of verifying a base, the flatten curve and a 1 GiB base restored on a
+# cold node lazily vs pulled whole; 3 repetitions of the clone
 # scenarios, runtimes alternating; then the plots.
-BENCH_SCENARIOS ?= clones256,writer30,writer100,cpython,repark,prestarted,prestarted-cpython,burst,verify,flatten
+BENCH_SCENARIOS ?= clones256,writer30,writer100,cpython,repark,prestarted,prestarted-cpython,burst,verify,flatten,lazy
 bench: setup all
 	time $(GO) run ./bench/forkbench -scenarios $(BENCH_SCENARIOS) -repeat 3 -json bench/out/forkbench.json
 	$(GO) run ./bench/plot bench/out/forkbench.json
