@@ -64,7 +64,7 @@ func main() {
 	case "pull":
 		err = pull(ctx, os.Stdout, flag.Arg(1), flag.Arg(2), ociartifact.BaseStore{Root: *store, Runsc: runscBinary(*runsc)}, opts)
 	case "lazyd":
-		err = serveLazy(ctx, *store)
+		err = serveLazy(ctx, stop, *store)
 	default:
 		flag.Usage()
 		os.Exit(2)
@@ -112,8 +112,10 @@ func pull(ctx context.Context, w io.Writer, ref, imageDir string, store ociartif
 }
 
 // serveLazy runs the node's lazy fetcher for the store at root until ctx is
-// done, then unmounts it.
-func serveLazy(ctx context.Context, root string) error {
+// done (SIGINT or SIGTERM), then unmounts it; stop restores the signals'
+// default action, so that a second signal ends a fetcher that waits for
+// sandboxes to let go of its mount.
+func serveLazy(ctx context.Context, stop func(), root string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the lazy fetcher mounts a filesystem in %s: run it as root", root)
 	}
@@ -129,9 +131,13 @@ func serveLazy(ctx context.Context, root string) error {
 	}()
 	select {
 	case <-ctx.Done():
+		stop()
 		if err := srv.Unmount(); err != nil {
-			// Sandboxes still map a base: detach the mount (their later
-			// reads of pages not yet read fail).
+			// Sandboxes still map a base: detach the mount. Their reads
+			// of base pages that are not in the page cache fail from
+			// now on (SIGBUS in the guest); the fetcher serves what is
+			// in flight until the last of them closes the file.
+			fmt.Fprintf(os.Stderr, "lazy fetcher: %v; detaching the mount, sandboxes that still map a base fail their next read that misses the page cache\n", err)
 			unix.Unmount(filepath.Join(root, lazybase.MountDir), unix.MNT_DETACH)
 		}
 		<-done

@@ -196,17 +196,37 @@ type Server struct {
 // serves it until Unmount. It needs root (a direct mount with allow_other,
 // so that sandboxes of any user can read it).
 func Serve(root string, newFetcher NewFetcherFunc) (*Server, error) {
-	mnt := filepath.Join(root, MountDir)
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
+	root, err := filepath.Abs(root)
+	if err != nil {
 		return nil, err
 	}
-	// A fetcher that died leaves its mount behind (ENOTCONN): clear it.
-	_ = unix.Unmount(mnt, unix.MNT_DETACH)
+	// Bases are guest memory: only root may read them (runsc opens them as
+	// root and hands the sandbox a descriptor).
+	if err := os.MkdirAll(root, 0o711); err != nil {
+		return nil, err
+	}
+	mnt := filepath.Join(root, MountDir)
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		if !errors.Is(err, syscall.ENOTCONN) {
+			return nil, err
+		}
+	}
+	// A fetcher that died leaves its mount behind, which then fails every
+	// access with ENOTCONN: clear that one, and never a live fetcher's.
+	if _, err := os.Stat(mnt); errors.Is(err, syscall.ENOTCONN) {
+		_ = unix.Unmount(mnt, unix.MNT_DETACH)
+	} else if mounted(mnt) {
+		return nil, fmt.Errorf("a lazy base fetcher already serves %s", mnt)
+	}
 	s := &Server{root: root, newFetcher: newFetcher, bases: map[string]*base{}}
 	long := time.Hour
 	srv, err := fs.Mount(mnt, &rootNode{s: s}, &fs.Options{
 		MountOptions: fuse.MountOptions{
+			// Sandboxes of any user read through runsc's descriptor;
+			// opening is left to the kernel's check of the modes below
+			// (root only).
 			AllowOther:  true,
+			Options:     []string{"default_permissions"},
 			DirectMount: true,
 			FsName:      "forkvisor-lazy",
 			Name:        "forkvisor-lazy",
@@ -244,8 +264,10 @@ func raiseReadahead(mnt string) {
 // Wait waits until the filesystem is unmounted.
 func (s *Server) Wait() { s.fuse.Wait() }
 
-// Unmount unmounts the filesystem. Sandboxes that still map a base keep the
-// pages they have read; their next read of any other page fails (SIGBUS).
+// Unmount unmounts the filesystem. It fails (EBUSY) while sandboxes map a
+// base; once it is gone, any read of a base page that is not in the page
+// cache fails (SIGBUS in the guest), including pages read before and since
+// evicted.
 func (s *Server) Unmount() error {
 	return s.fuse.Unmount()
 }
@@ -271,33 +293,16 @@ type base struct {
 
 	group singleflight.Group
 
-	mu      sync.Mutex
-	present []bool // block i is in cache and verified; protected by mu
+	mu sync.Mutex
+	// present[i] is true once block i was loaded (verified) at least
+	// once; it steers prefetching and the statistics, never what is
+	// served. Protected by mu.
+	present []bool
 	logFile *os.File
-	// lastFailure is when each failure (by its message, which names the
-	// block) was last logged: readers retry a failed access; protected by
-	// mu.
-	lastFailure map[string]time.Time
+	// failed holds the last failure of blocks whose last load failed;
+	// protected by mu.
+	failed map[int]failure
 }
-
-// logFailure logs that block i could not be made present, at most once per
-// failureLogInterval for the same error.
-func (b *base) logFailure(i int, err error) {
-	b.mu.Lock()
-	last, ok := b.lastFailure[err.Error()]
-	now := time.Now()
-	if ok && now.Sub(last) < failureLogInterval {
-		b.mu.Unlock()
-		return
-	}
-	b.lastFailure[err.Error()] = now
-	b.mu.Unlock()
-	fmt.Fprintf(os.Stderr, "lazybase: %v\n", err)
-}
-
-// failureLogInterval is the least time between two logs of one block's
-// failures.
-const failureLogInterval = 10 * time.Second
 
 // loadBase returns the served state of base hex, loading it on first use.
 func (s *Server) loadBase(hex string) (*base, error) {
@@ -344,7 +349,7 @@ func (s *Server) loadBase(hex string) (*base, error) {
 		return nil, err
 	}
 	record, _ := json.Marshal(map[string]any{"version": 1, "length": m.Length, "sha256": hex, "image": baseName})
-	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, lastFailure: map[string]time.Time{}}
+	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}}
 	s.bases[hex] = b
 	return b, nil
 }
@@ -366,18 +371,14 @@ func (b *base) readAt(ctx context.Context, dest []byte, off int64) (int, error) 
 		if b.m.Zero(i) {
 			clear(dst)
 		} else {
-			block, err := b.ensure(ctx, i)
+			block, fetched, err := b.ensure(i)
 			if err != nil {
 				return 0, err
 			}
-			if block != nil {
+			if fetched {
 				b.prefetchAfter(i)
 			}
-			if block != nil {
-				copy(dst, block[from:])
-			} else if _, err := b.cache.ReadAt(dst, int64(bOff)+from); err != nil {
-				return 0, fmt.Errorf("reading block %d of base sha256:%s from the node cache %s: %w", i, b.hex, b.cache.Name(), err)
-			}
+			copy(dst, block[from:])
 		}
 		done += part
 	}
@@ -398,7 +399,7 @@ func (b *base) prefetchAfter(i int) {
 	}
 	for j := i + 1; j <= i+prefetchBlocks && j < len(b.m.Blocks); j++ {
 		if !b.m.Zero(j) {
-			go b.ensure(context.Background(), j)
+			go b.ensure(j)
 		}
 	}
 }
@@ -406,54 +407,78 @@ func (b *base) prefetchAfter(i int) {
 // prefetchBlocks is how far ahead a sequential reader is fetched.
 const prefetchBlocks = 2
 
-// ensure makes block i present and verified in the cache file. It returns
-// the block's bytes if it has just fetched or checked them (the caller
-// copies from them), nil if the block was present already.
-func (b *base) ensure(ctx context.Context, i int) ([]byte, error) {
-	b.mu.Lock()
-	ok := b.present[i]
-	b.mu.Unlock()
-	if ok {
-		return nil, nil
+// ensure returns block i, verified, and whether it was fetched from the
+// registry for this call (rather than found in the node cache). Concurrent
+// callers for one block share one load. A block whose load failed less
+// than failureBackoff ago fails again at once, without another attempt: a
+// reader retries a failed access (the kernel reads a failed readahead again
+// page by page), and a registry that hangs must not hold every retry for
+// fetchTimeout.
+func (b *base) ensure(i int) ([]byte, bool, error) {
+	type loaded struct {
+		block   []byte
+		fetched bool
 	}
 	v, err, _ := b.group.Do(strconv.Itoa(i), func() (any, error) {
 		b.mu.Lock()
-		ok := b.present[i]
+		f, failed := b.failed[i]
 		b.mu.Unlock()
-		if ok {
-			return []byte(nil), nil
+		if failed && time.Since(f.at) < failureBackoff {
+			return nil, f.err
 		}
-		block, err := b.load(i)
+		block, fetched, err := b.load(i)
+		b.mu.Lock()
+		defer b.mu.Unlock()
 		if err != nil {
+			b.failed[i] = failure{at: time.Now(), err: err}
 			b.s.mu.Lock()
 			b.s.stats.Failures++
 			b.s.mu.Unlock()
-			b.logFailure(i, err)
+			fmt.Fprintf(os.Stderr, "lazybase: %v\n", err)
 			return nil, err
 		}
-		b.mu.Lock()
+		delete(b.failed, i)
 		b.present[i] = true
-		b.mu.Unlock()
-		return block, nil
+		return loaded{block, fetched}, nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return v.([]byte), nil
+	l := v.(loaded)
+	return l.block, l.fetched, nil
 }
+
+// failure is a failed load of a block.
+type failure struct {
+	at  time.Time
+	err error
+}
+
+// failureBackoff is how long a failed block fails again without a new
+// attempt.
+const failureBackoff = 2 * time.Second
 
 // load returns block i, verified: from the cache file if it holds it (a
 // fetcher that restarted), else fetched from the registry and written to the
 // cache file.
-func (b *base) load(i int) ([]byte, error) {
+//
+// A block is hashed whenever it is read from the cache file, not only the
+// first time: the file is written back in the background, and a block that
+// the disk lost or damaged since must be fetched again, not served.
+func (b *base) load(i int) ([]byte, bool, error) {
 	off, n := b.m.Range(i)
 	want := b.m.Blocks[i]
 	block := make([]byte, n)
 	if _, err := b.cache.ReadAt(block, int64(off)); err == nil && sumOf(block) == want {
-		b.s.mu.Lock()
-		b.s.stats.BlocksVerifiedLocal++
-		b.s.mu.Unlock()
-		return block, nil
+		b.mu.Lock()
+		known := b.present[i]
+		b.mu.Unlock()
+		if !known {
+			b.s.mu.Lock()
+			b.s.stats.BlocksVerifiedLocal++
+			b.s.mu.Unlock()
+		}
+		return block, false, nil
 	}
 	start := time.Now()
 	// The fetch outlives the read that started it (others may wait on it),
@@ -462,16 +487,16 @@ func (b *base) load(i int) ([]byte, error) {
 	defer cancel()
 	data, err := b.fetch(ctx, want, int64(n))
 	if errors.Is(err, ErrMismatch) {
-		return nil, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest (%s): %w; refused", i, b.hex, b.src.Reference, want, err)
+		return nil, false, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest (%s): %w; refused", i, b.hex, b.src.Reference, want, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("block %d (%s) of base sha256:%s from %s: %w", i, want, b.hex, b.src.Reference, err)
+		return nil, false, fmt.Errorf("block %d (%s) of base sha256:%s from %s: %w", i, want, b.hex, b.src.Reference, err)
 	}
 	if got := sumOf(data); uint64(len(data)) != n || got != want {
-		return nil, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest: %d bytes with digest %s, want %d bytes with %s; refused", i, b.hex, b.src.Reference, len(data), got, n, want)
+		return nil, false, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest: %d bytes with digest %s, want %d bytes with %s; refused", i, b.hex, b.src.Reference, len(data), got, n, want)
 	}
 	if _, err := b.cache.WriteAt(data, int64(off)); err != nil {
-		return nil, fmt.Errorf("writing block %d of base sha256:%s to the node cache %s: %w", i, b.hex, b.cache.Name(), err)
+		return nil, false, fmt.Errorf("writing block %d of base sha256:%s to the node cache %s: %w", i, b.hex, b.cache.Name(), err)
 	}
 	// The sandboxes read the block through the FUSE file's page cache; do
 	// not keep a second copy in the cache file's once it is written back.
@@ -490,7 +515,7 @@ func (b *base) load(i int) ([]byte, error) {
 	b.mu.Lock()
 	b.logFile.Write(append(line, '\n'))
 	b.mu.Unlock()
-	return data, nil
+	return data, true, nil
 }
 
 // fetchTimeout bounds one block fetch.
@@ -511,7 +536,7 @@ var _ = (fs.NodeLookuper)((*rootNode)(nil))
 var _ = (fs.NodeGetattrer)((*rootNode)(nil))
 
 func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = fuse.S_IFDIR | 0o755
+	out.Mode = fuse.S_IFDIR | 0o500
 	return 0
 }
 
@@ -530,12 +555,24 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if ch := r.GetChild(name); ch != nil {
 		return ch, 0
 	}
-	dir := r.NewPersistentInode(ctx, &fs.Inode{}, fs.StableAttr{Mode: fuse.S_IFDIR})
+	dir := r.NewPersistentInode(ctx, &dirNode{}, fs.StableAttr{Mode: fuse.S_IFDIR})
 	dir.AddChild(baseName, dir.NewPersistentInode(ctx, &fileNode{b: b}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
 	dir.AddChild(recordName, dir.NewPersistentInode(ctx, &recordNode{data: b.record}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
 	r.AddChild(name, dir, false)
-	out.Mode = fuse.S_IFDIR | 0o555
+	out.Mode = fuse.S_IFDIR | 0o500
 	return dir, 0
+}
+
+// dirNode is the directory of one base.
+type dirNode struct {
+	fs.Inode
+}
+
+var _ = (fs.NodeGetattrer)((*dirNode)(nil))
+
+func (d *dirNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = fuse.S_IFDIR | 0o500
+	return 0
 }
 
 // fileNode is base.img of one base.
@@ -549,7 +586,7 @@ var _ = (fs.NodeOpener)((*fileNode)(nil))
 var _ = (fs.NodeReader)((*fileNode)(nil))
 
 func (n *fileNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = fuse.S_IFREG | 0o444
+	out.Mode = fuse.S_IFREG | 0o400
 	out.Size = n.b.m.Length
 	out.Blocks = (n.b.m.Length + 511) / 512
 	out.Blksize = 4096
@@ -582,7 +619,7 @@ var _ = (fs.NodeOpener)((*recordNode)(nil))
 var _ = (fs.NodeReader)((*recordNode)(nil))
 
 func (n *recordNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = fuse.S_IFREG | 0o444
+	out.Mode = fuse.S_IFREG | 0o400
 	out.Size = uint64(len(n.data))
 	return 0
 }

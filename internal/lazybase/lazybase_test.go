@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/prereq"
@@ -23,7 +24,19 @@ type fakeRegistry struct {
 	mu      sync.Mutex
 	blobs   map[string][]byte
 	fetches map[string]int
-	down    bool
+	down    bool // protected by mu
+}
+
+func (r *fakeRegistry) setDown(down bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.down = down
+}
+
+func (r *fakeRegistry) flip(dg string, off int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.blobs[dg][off] ^= 0xff
 }
 
 func (r *fakeRegistry) fetch(ctx context.Context, dg string, size int64) ([]byte, error) {
@@ -101,8 +114,8 @@ func TestServeFetchesOnFirstTouch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err != nil || st.Size() != int64(len(data)) || st.Mode().Perm() != 0o444 {
-		t.Fatalf("stat %s = %v, %v; want %d bytes, mode 0444", path, st, err, len(data))
+	if st, err := f.Stat(); err != nil || st.Size() != int64(len(data)) || st.Mode().Perm() != 0o400 {
+		t.Fatalf("stat %s = %v, %v; want %d bytes, mode 0400", path, st, err, len(data))
 	}
 	if _, err := os.OpenFile(path, os.O_RDWR, 0); !errors.Is(err, syscall.EROFS) {
 		t.Errorf("opening the base for writing: %v, want EROFS", err)
@@ -172,7 +185,7 @@ func TestServeRefusesBadBlocks(t *testing.T) {
 	path := Path(root, m.Digest[len("sha256:"):])
 	// Block 1's blob is tampered with: its reads fail, never return the
 	// tampered bytes, and nothing of it is kept.
-	reg.blobs[m.Blocks[1]][5000] ^= 0xff
+	reg.flip(m.Blocks[1], 5000)
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -187,11 +200,12 @@ func TestServeRefusesBadBlocks(t *testing.T) {
 	}
 	// Once the registry serves the right bytes, the block reads; with the
 	// registry down, a block not fetched yet fails, a fetched one reads.
-	reg.blobs[m.Blocks[1]][5000] ^= 0xff
+	reg.flip(m.Blocks[1], 5000)
+	time.Sleep(failureBackoff) // A failed block fails again at once until then.
 	if _, err := f.ReadAt(buf, blockmanifest.BlockSize+4096); err != nil || !bytes.Equal(buf, data[blockmanifest.BlockSize+4096:][:4096]) {
 		t.Errorf("read after the registry was repaired: %v", err)
 	}
-	reg.down = true
+	reg.setDown(true)
 	if _, err := f.ReadAt(buf, 5*blockmanifest.BlockSize); !errors.Is(err, syscall.EIO) {
 		t.Errorf("read with the registry down: %v, want EIO", err)
 	}
@@ -223,7 +237,6 @@ func TestServeReverifiesCacheAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	cf.Close()
-	reg.down = false
 	s2 := serve(t, root, reg)
 	if got, err := os.ReadFile(Path(root, hexRoot)); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("read after restart: %v", err)

@@ -114,9 +114,14 @@ func TestRegistryLazyRestore(t *testing.T) {
 	for _, id := range []string{"b1", "b2", "b3", "b4"} {
 		nodeB.Destroy(id)
 	}
+	// Prefetches in flight finish (a fetch log that stays the same for a
+	// second) before the fetched blocks are taken.
 	seen = map[int]bool{}
-	for _, f := range mustFetches(t, store, hex) {
-		seen[f.Block] = true
+	for n := -1; n != len(seen); time.Sleep(time.Second) {
+		n = len(seen)
+		for _, f := range mustFetches(t, store, hex) {
+			seen[f.Block] = true
+		}
 	}
 
 	// Every block that no clone has fetched is tampered with in the
