@@ -69,13 +69,7 @@ func lazyRestores(dir string, runtimes []runtimeConfig, heapMiB int) []LazyResul
 	var out []LazyResult
 	for _, key := range order {
 		rs := runs[key]
-		med := func(get func(LazyResult) float64) float64 {
-			var v []float64
-			for _, r := range rs {
-				v = append(v, get(r))
-			}
-			return median(v)
-		}
+		med := func(get func(LazyResult) float64) float64 { return medianBy(rs, get) }
 		m := rs[0]
 		m.PullMs = med(func(r LazyResult) float64 { return r.PullMs })
 		m.PullBytes = int64(med(func(r LazyResult) float64 { return float64(r.PullBytes) }))

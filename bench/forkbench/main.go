@@ -687,6 +687,15 @@ func maxOf(v []float64) float64 {
 	return m
 }
 
+// medianBy returns the median of get over runs.
+func medianBy[T any](runs []T, get func(T) float64) float64 {
+	v := make([]float64, 0, len(runs))
+	for _, r := range runs {
+		v = append(v, get(r))
+	}
+	return median(v)
+}
+
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func mib(b int64) float64        { return float64(b) / (1 << 20) }
 

@@ -64,13 +64,7 @@ func fleet(dir string, runtimes []runtimeConfig, heapMiB int) []FleetResult {
 
 // mergeFleet returns the medians of runs, field by field, with the runs.
 func mergeFleet(runs []FleetResult) FleetResult {
-	med := func(get func(FleetResult) float64) float64 {
-		var v []float64
-		for _, r := range runs {
-			v = append(v, get(r))
-		}
-		return median(v)
-	}
+	med := func(get func(FleetResult) float64) float64 { return medianBy(runs, get) }
 	m := runs[0]
 	m.PushMs = med(func(r FleetResult) float64 { return r.PushMs })
 	m.PushBytes = int64(med(func(r FleetResult) float64 { return float64(r.PushBytes) }))

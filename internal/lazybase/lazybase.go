@@ -594,6 +594,12 @@ func (n *fileNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 }
 
 func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return openReadOnly(flags)
+}
+
+// openReadOnly opens a file of the mount: read-only, and with the page cache
+// kept across opens (the content never changes).
+func openReadOnly(flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
 		return nil, 0, syscall.EROFS
 	}
@@ -625,10 +631,7 @@ func (n *recordNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.Att
 }
 
 func (n *recordNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
-		return nil, 0, syscall.EROFS
-	}
-	return nil, fuse.FOPEN_KEEP_CACHE, 0
+	return openReadOnly(flags)
 }
 
 func (n *recordNode) Read(ctx context.Context, f fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

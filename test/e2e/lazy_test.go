@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/lazybase"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
@@ -65,16 +64,7 @@ func TestRegistryLazyRestore(t *testing.T) {
 	}
 
 	// The block manifest, from node A's copy of the base.
-	baseA, err := os.Open(p.r.StoredBase(hex))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, _ := baseA.Stat()
-	bm, err := blockmanifest.Build(baseA, uint64(st.Size()), nil)
-	baseA.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bm := manifestOf(t, p.r.StoredBase(hex))
 	var nonZero int64
 	for i := range bm.Blocks {
 		if !bm.Zero(i) {

@@ -161,16 +161,7 @@ func TestRegistryPushPull(t *testing.T) {
 	}
 
 	// A tampered block in the registry: refused, nothing stored or written.
-	base, err := os.Open(src.r.StoredBase(digest))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, _ := base.Stat()
-	bm, err := blockmanifest.Build(base, uint64(st.Size()), nil)
-	base.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bm := manifestOf(t, src.r.StoredBase(digest))
 	victim := -1
 	for i := range bm.Blocks {
 		if !bm.Zero(i) {
@@ -213,4 +204,23 @@ func assertNoPull(t *testing.T, store, image, digest string) {
 	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(image), ".*.pull-*")); len(left) != 0 {
 		t.Errorf("failed pull left %v", left)
 	}
+}
+
+// manifestOf returns the block manifest of the base file at path.
+func manifestOf(t *testing.T, path string) *blockmanifest.Manifest {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := blockmanifest.Build(f, uint64(st.Size()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
