@@ -91,17 +91,7 @@ func lazyRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB in
 	defer os.RemoveAll(dir)
 	addCleanup(nodeA.Cleanup)
 	defer nodeA.Cleanup()
-	bundle := filepath.Join(dir, "bundle")
-	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", fmt.Sprint(lazyCheckMiB)))
-	_, err := nodeA.RunUntilTick(bundle, "source", filepath.Join(dir, "source.out"), 2, nil)
-	must(err)
-	var flags []string
-	if rt.fork {
-		flags = []string{"--shared-base"}
-	}
-	image := filepath.Join(dir, "a", "image")
-	must(nodeA.Checkpoint("source", image, flags...))
-	nodeA.Destroy("source")
+	bundle, image := parkOnNode(nodeA, dir, rt, heapMiB, lazyCheckMiB)
 	ref := reg.Addr + "/forkbench/lazy-" + rt.name + ":v1"
 	ociTool(nodeA, "push", image, ref)
 

@@ -91,17 +91,11 @@ func fleetRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB i
 		addCleanup(r.Cleanup)
 		defer r.Cleanup()
 	}
-	bundle := filepath.Join(dir, "bundle")
-	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", "4"))
-	_, err := nodeA.RunUntilTick(bundle, "source", filepath.Join(dir, "source.out"), 2, nil)
-	must(err)
+	bundle, image := parkOnNode(nodeA, dir, rt, heapMiB, 4)
 	var flags []string
 	if rt.fork {
 		flags = []string{"--shared-base"}
 	}
-	image := filepath.Join(dir, "a", "image")
-	must(nodeA.Checkpoint("source", image, flags...))
-	nodeA.Destroy("source")
 	ref := reg.Addr + "/forkbench/" + rt.name
 
 	// Push, cold pull on B, restore on B.
@@ -126,6 +120,25 @@ func fleetRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB i
 	res.RepushBytes = bytesIn(out, "uploaded")
 	res.WarmPullMs, res.WarmPullBytes, res.WarmRestoreMs = pullAndRestore(nodeB, bundle, ref+":v2", filepath.Join(dir, "b"), "b2")
 	return res
+}
+
+// parkOnNode runs a heapMiB tick workload (checkMiB of its heap checked per
+// 50 ms tick) as "source" on node, with the bundle in dir/bundle, and parks
+// it into dir/a/image (forkvisor: --shared-base); it returns the bundle and
+// the image.
+func parkOnNode(node *sandbox.Runsc, dir string, rt runtimeConfig, heapMiB, checkMiB int) (bundle, image string) {
+	bundle = filepath.Join(dir, "bundle")
+	must(sandbox.NewBundle(bundle, abs(*tickBin), "-mib", fmt.Sprint(heapMiB), "-interval", "50ms", "-check-mib", fmt.Sprint(checkMiB)))
+	_, err := node.RunUntilTick(bundle, "source", filepath.Join(dir, "source.out"), 2, nil)
+	must(err)
+	var flags []string
+	if rt.fork {
+		flags = []string{"--shared-base"}
+	}
+	image = filepath.Join(dir, "a", "image")
+	must(node.Checkpoint("source", image, flags...))
+	node.Destroy("source")
+	return bundle, image
 }
 
 // pullAndRestore pulls ref on node into dir/image-<id>, restores container

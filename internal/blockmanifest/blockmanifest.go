@@ -56,6 +56,17 @@ type Manifest struct {
 // Zero reports whether block i is all zeroes.
 func (m *Manifest) Zero(i int) bool { return m.Blocks[i] == "" }
 
+// ZeroBlocks returns the number of all-zero blocks.
+func (m *Manifest) ZeroBlocks() int {
+	n := 0
+	for i := range m.Blocks {
+		if m.Zero(i) {
+			n++
+		}
+	}
+	return n
+}
+
 // Range returns the byte range [off, off+n) of block i in the base.
 func (m *Manifest) Range(i int) (off, n uint64) {
 	off = uint64(i) * m.BlockSize

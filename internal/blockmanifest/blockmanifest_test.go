@@ -47,7 +47,7 @@ func TestBuildMarksZeroBlocksAndCommitsToThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Blocks) != 4 || !m.Zero(1) || m.Zero(0) || m.Zero(2) || m.Zero(3) {
+	if len(m.Blocks) != 4 || !m.Zero(1) || m.Zero(0) || m.Zero(2) || m.Zero(3) || m.ZeroBlocks() != 1 {
 		t.Fatalf("blocks %q: want block 1 (only) zero", m.Blocks)
 	}
 	if len(visited) != 3 || visited[0] != 0 || visited[1] != 2 || visited[2] != 3 {

@@ -356,7 +356,7 @@ func (s *Server) loadBase(hex string) (*base, error) {
 
 // readAt fills dest with the base's bytes at off, making sure first that
 // every block it overlaps is present and verified.
-func (b *base) readAt(ctx context.Context, dest []byte, off int64) (int, error) {
+func (b *base) readAt(dest []byte, off int64) (int, error) {
 	if off >= int64(b.m.Length) {
 		return 0, nil
 	}
@@ -607,7 +607,7 @@ func openReadOnly(flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 }
 
 func (n *fileNode) Read(ctx context.Context, f fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	got, err := n.b.readAt(ctx, dest, off)
+	got, err := n.b.readAt(dest, off)
 	if err != nil {
 		return nil, syscall.EIO
 	}

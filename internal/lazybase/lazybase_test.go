@@ -87,6 +87,17 @@ func newBase(t *testing.T) ([]byte, *blockmanifest.Manifest, *fakeRegistry) {
 	return data, m, reg
 }
 
+// registeredBase returns newBase's base registered in a new store root.
+func registeredBase(t *testing.T) ([]byte, *blockmanifest.Manifest, *fakeRegistry, string) {
+	t.Helper()
+	data, m, reg := newBase(t)
+	root := t.TempDir()
+	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
+		t.Fatal(err)
+	}
+	return data, m, reg, root
+}
+
 func serve(t *testing.T, root string, reg *fakeRegistry) *Server {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -101,11 +112,7 @@ func serve(t *testing.T, root string, reg *fakeRegistry) *Server {
 }
 
 func TestServeFetchesOnFirstTouch(t *testing.T) {
-	data, m, reg := newBase(t)
-	root := t.TempDir()
-	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
-		t.Fatal(err)
-	}
+	data, m, reg, root := registeredBase(t)
 	s := serve(t, root, reg)
 	hexRoot := m.Digest[len("sha256:"):]
 	path := Path(root, hexRoot)
@@ -176,11 +183,7 @@ func TestServeFetchesOnFirstTouch(t *testing.T) {
 }
 
 func TestServeRefusesBadBlocks(t *testing.T) {
-	data, m, reg := newBase(t)
-	root := t.TempDir()
-	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
-		t.Fatal(err)
-	}
+	data, m, reg, root := registeredBase(t)
 	s := serve(t, root, reg)
 	path := Path(root, m.Digest[len("sha256:"):])
 	// Block 1's blob is tampered with: its reads fail, never return the
@@ -212,11 +215,7 @@ func TestServeRefusesBadBlocks(t *testing.T) {
 }
 
 func TestServeReverifiesCacheAfterRestart(t *testing.T) {
-	data, m, reg := newBase(t)
-	root := t.TempDir()
-	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
-		t.Fatal(err)
-	}
+	data, m, reg, root := registeredBase(t)
 	hexRoot := m.Digest[len("sha256:"):]
 	s := serve(t, root, reg)
 	if got, err := os.ReadFile(Path(root, hexRoot)); err != nil || !bytes.Equal(got, data) {

@@ -310,12 +310,7 @@ func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot,
 	if m.Digest != res.BaseDigest {
 		return fmt.Errorf("base %s hashes to %s, but the checkpoint in %s records %s: not pushed", basePath, m.Digest, imageDir, res.BaseDigest)
 	}
-	res.Blocks = len(m.Blocks)
-	for i := range m.Blocks {
-		if m.Zero(i) {
-			res.ZeroBlocks++
-		}
-	}
+	res.Blocks, res.ZeroBlocks = len(m.Blocks), m.ZeroBlocks()
 	cfgData := m.Encode()
 	cfg := content.NewDescriptorFromBytes(blockmanifest.MediaType, cfgData)
 	if _, err := pushIfMissing(ctx, repo, cfg, bytes.NewReader(cfgData)); err != nil {
@@ -549,18 +544,13 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 		if err != nil {
 			return nil, err
 		}
-		res.Blocks = len(m.Blocks)
+		res.Blocks, res.ZeroBlocks = len(m.Blocks), m.ZeroBlocks()
 		if store.Has(d.SHA256) {
 			if err := checkBlocksExist(ctx, repo, ref, layers); err != nil {
 				return nil, err
 			}
 			res.BaseWasStored = true
 		} else if opts.Lazy {
-			for i := range m.Blocks {
-				if m.Zero(i) {
-					res.ZeroBlocks++
-				}
-			}
 			src := lazybase.Source{Reference: repo.Reference.Registry + "/" + repo.Reference.Repository, PlainHTTP: opts.PlainHTTP}
 			if err := lazybase.Register(store.Root, m, src); err != nil {
 				return nil, fmt.Errorf("%s: %w", ref, err)
@@ -676,7 +666,6 @@ func pullBase(ctx context.Context, repo *remote.Repository, ref string, m *block
 	var order []string
 	for i, b := range m.Blocks {
 		if m.Zero(i) {
-			res.ZeroBlocks++
 			continue
 		}
 		if where[b] == nil {
