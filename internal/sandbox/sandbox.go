@@ -35,6 +35,8 @@ type Runsc struct {
 	// Network is the --network mode; default "none". With "sandbox" the
 	// bundle names the network namespace to use (SetNetNS).
 	Network string
+	// Flags are more global flags, given before the subcommand.
+	Flags []string
 }
 
 // StorePath returns the node base store r uses.
@@ -69,6 +71,7 @@ func (r *Runsc) command(args ...string) *exec.Cmd {
 	if r.LogDir != "" {
 		global = append(global, "--debug", "--debug-log="+r.LogDir+"/")
 	}
+	global = append(global, r.Flags...)
 	return exec.Command(r.Bin, append(global, args...)...)
 }
 
