@@ -385,20 +385,31 @@ func (b *base) readAt(dest []byte, off int64) (int, error) {
 	return int(n), nil
 }
 
-// prefetchAfter starts fetching the prefetchBlocks blocks after block i in
-// the background if the reader seems to go through the base in order (block
-// i-1 is present): a sequential reader then rarely waits for the registry.
-// Readers of those blocks wait for the fetch in flight rather than start
-// another.
+// prefetchAfter starts fetching, in the background, the blocks that a reader
+// that just missed block i is likely to touch next: if it seems to go
+// through the base in order (block i-1 is present), the prefetchBlocks
+// blocks after i; else, having jumped to block i, its two neighbours (a
+// restored guest's stacks, heap arenas and text span adjacent blocks, and
+// are touched out of order). Neighbours are fetched concurrently with the
+// reader's own accesses, so a jump costs about one registry round trip
+// instead of one per block. Readers of those blocks wait for the fetch in
+// flight rather than start another.
 func (b *base) prefetchAfter(i int) {
 	b.mu.Lock()
 	sequential := i > 0 && b.present[i-1]
 	b.mu.Unlock()
-	if !sequential {
-		return
+	from, to := i-1, i+1
+	if sequential {
+		from, to = i+1, i+prefetchBlocks
 	}
-	for j := i + 1; j <= i+prefetchBlocks && j < len(b.m.Blocks); j++ {
-		if !b.m.Zero(j) {
+	for j := max(from, 0); j <= to && j < len(b.m.Blocks); j++ {
+		if j == i || b.m.Zero(j) {
+			continue
+		}
+		b.mu.Lock()
+		present := b.present[j]
+		b.mu.Unlock()
+		if !present {
 			go b.ensure(j)
 		}
 	}
@@ -469,16 +480,18 @@ func (b *base) load(i int) ([]byte, bool, error) {
 	off, n := b.m.Range(i)
 	want := b.m.Blocks[i]
 	block := make([]byte, n)
-	if _, err := b.cache.ReadAt(block, int64(off)); err == nil && sumOf(block) == want {
-		b.mu.Lock()
-		known := b.present[i]
-		b.mu.Unlock()
-		if !known {
-			b.s.mu.Lock()
-			b.s.stats.BlocksVerifiedLocal++
-			b.s.mu.Unlock()
+	if b.cached(int64(off), int64(n)) {
+		if _, err := b.cache.ReadAt(block, int64(off)); err == nil && sumOf(block) == want {
+			b.mu.Lock()
+			known := b.present[i]
+			b.mu.Unlock()
+			if !known {
+				b.s.mu.Lock()
+				b.s.stats.BlocksVerifiedLocal++
+				b.s.mu.Unlock()
+			}
+			return block, false, nil
 		}
-		return block, false, nil
 	}
 	start := time.Now()
 	// The fetch outlives the read that started it (others may wait on it),
@@ -516,6 +529,14 @@ func (b *base) load(i int) ([]byte, bool, error) {
 	b.logFile.Write(append(line, '\n'))
 	b.mu.Unlock()
 	return data, true, nil
+}
+
+// cached returns whether the node cache file may hold data in [off,
+// off+n): false when the range is a hole, which a block never written to
+// the cache is (reading and hashing its zeros would only delay the fetch).
+func (b *base) cached(off, n int64) bool {
+	data, err := unix.Seek(int(b.cache.Fd()), off, unix.SEEK_DATA)
+	return err == nil && data < off+n
 }
 
 // fetchTimeout bounds one block fetch.
