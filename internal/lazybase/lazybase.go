@@ -293,6 +293,9 @@ type base struct {
 
 	group singleflight.Group
 
+	// prefetching holds a token per prefetch in flight (maxPrefetches).
+	prefetching chan struct{}
+
 	mu sync.Mutex
 	// present[i] is true once block i was loaded (verified) at least
 	// once; it steers prefetching and the statistics, never what is
@@ -349,7 +352,7 @@ func (s *Server) loadBase(hex string) (*base, error) {
 		return nil, err
 	}
 	record, _ := json.Marshal(map[string]any{"version": 1, "length": m.Length, "sha256": hex, "image": baseName})
-	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}}
+	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}, prefetching: make(chan struct{}, maxPrefetches)}
 	s.bases[hex] = b
 	return b, nil
 }
@@ -409,23 +412,44 @@ func (b *base) prefetchAfter(i int) {
 		b.mu.Lock()
 		present := b.present[j]
 		b.mu.Unlock()
-		if !present {
-			go b.ensure(j)
+		if present {
+			continue
 		}
+		select {
+		case b.prefetching <- struct{}{}:
+		default:
+			return // enough in flight; readers fetch the rest themselves
+		}
+		go func() {
+			defer func() { <-b.prefetching }()
+			b.load1(j, true)
+		}()
 	}
 }
 
 // prefetchBlocks is how far ahead a sequential reader is fetched.
 const prefetchBlocks = 2
 
-// ensure returns block i, verified, and whether it was fetched from the
+// maxPrefetches bounds the prefetches in flight per base: a reader that
+// jumps around must not start a registry request for every neighbour it
+// passes.
+const maxPrefetches = 4
+
+// ensure returns block i as load1 does for a reader.
+func (b *base) ensure(i int) ([]byte, bool, error) {
+	return b.load1(i, false)
+}
+
+// load1 returns block i, verified, and whether it was fetched from the
 // registry for this call (rather than found in the node cache). Concurrent
 // callers for one block share one load. A block whose load failed less
 // than failureBackoff ago fails again at once, without another attempt: a
 // reader retries a failed access (the kernel reads a failed readahead again
 // page by page), and a registry that hangs must not hold every retry for
-// fetchTimeout.
-func (b *base) ensure(i int) ([]byte, bool, error) {
+// fetchTimeout. A failed speculative load (a prefetch, which no reader
+// asked for) is not remembered that way: the reader that touches the block
+// later tries again.
+func (b *base) load1(i int, speculative bool) ([]byte, bool, error) {
 	type loaded struct {
 		block   []byte
 		fetched bool
@@ -440,6 +464,10 @@ func (b *base) ensure(i int) ([]byte, bool, error) {
 		block, fetched, err := b.load(i)
 		b.mu.Lock()
 		defer b.mu.Unlock()
+		if err != nil && speculative {
+			fmt.Fprintf(os.Stderr, "lazybase: prefetch: %v\n", err)
+			return nil, err
+		}
 		if err != nil {
 			b.failed[i] = failure{at: time.Now(), err: err}
 			b.s.mu.Lock()
@@ -479,8 +507,8 @@ const failureBackoff = 2 * time.Second
 func (b *base) load(i int) ([]byte, bool, error) {
 	off, n := b.m.Range(i)
 	want := b.m.Blocks[i]
-	block := make([]byte, n)
 	if b.cached(int64(off), int64(n)) {
+		block := make([]byte, n)
 		if _, err := b.cache.ReadAt(block, int64(off)); err == nil && sumOf(block) == want {
 			b.mu.Lock()
 			known := b.present[i]
@@ -532,11 +560,16 @@ func (b *base) load(i int) ([]byte, bool, error) {
 }
 
 // cached returns whether the node cache file may hold data in [off,
-// off+n): false when the range is a hole, which a block never written to
-// the cache is (reading and hashing its zeros would only delay the fetch).
+// off+n): false only when the range is a hole, which a block never written
+// to the cache is (reading and hashing its zeros would only delay the
+// fetch). Moving the file offset is harmless: the cache file is only read
+// and written at explicit offsets.
 func (b *base) cached(off, n int64) bool {
 	data, err := unix.Seek(int(b.cache.Fd()), off, unix.SEEK_DATA)
-	return err == nil && data < off+n
+	if err == unix.ENXIO {
+		return false // no data from off to the end of the file
+	}
+	return err != nil || data < off+n
 }
 
 // fetchTimeout bounds one block fetch.
