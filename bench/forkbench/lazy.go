@@ -44,28 +44,19 @@ type LazyResult struct {
 // heap/lazyCheckMiB ticks.
 const lazyCheckMiB = 8
 
-// lazyRestores runs the lazy scenario -repeat times, alternating runtimes,
-// each repetition against a registry of its own.
+// lazyRestores runs the lazy scenario (perRegistry).
 func lazyRestores(dir string, runtimes []runtimeConfig, heapMiB int) []LazyResult {
 	runs := map[string][]LazyResult{}
 	var order []string
-	for i := 0; i < *repeat; i++ {
-		reg, err := ociregistry.Start(ociregistry.Binary(abs(".")), filepath.Join(dir, fmt.Sprintf("lazy-registry-%d", i)), "", "")
-		must(err)
-		addCleanup(reg.Stop)
-		for _, rt := range runtimes {
-			fmt.Fprintf(os.Stderr, "forkbench: lazy, %s, run %d/%d\n", rt.name, i+1, *repeat)
-			for _, r := range lazyRun(filepath.Join(dir, fmt.Sprintf("lazy-%s-%d", rt.name, i)), rt, reg, heapMiB) {
-				key := r.Runtime + "/" + r.Mode
-				if len(runs[key]) == 0 && i == 0 {
-					order = append(order, key)
-				}
-				runs[key] = append(runs[key], r)
+	perRegistry(dir, "lazy", runtimes, func(rt runtimeConfig, reg *ociregistry.Registry, i int) {
+		for _, r := range lazyRun(filepath.Join(dir, fmt.Sprintf("lazy-%s-%d", rt.name, i)), rt, reg, heapMiB) {
+			key := r.Runtime + "/" + r.Mode
+			if len(runs[key]) == 0 && i == 0 {
+				order = append(order, key)
 			}
+			runs[key] = append(runs[key], r)
 		}
-		reg.Stop()
-		os.RemoveAll(reg.Storage)
-	}
+	})
 	var out []LazyResult
 	for _, key := range order {
 		rs := runs[key]

@@ -42,19 +42,9 @@ type FleetResult struct {
 // times.
 func fleet(dir string, runtimes []runtimeConfig, heapMiB int) []FleetResult {
 	runs := map[string][]FleetResult{}
-	// Alternate runtimes within each repetition; each repetition has a
-	// registry of its own, so that no run finds blocks of an earlier one.
-	for i := 0; i < *repeat; i++ {
-		reg, err := ociregistry.Start(ociregistry.Binary(abs(".")), filepath.Join(dir, fmt.Sprintf("registry-%d", i)), "", "")
-		must(err)
-		addCleanup(reg.Stop)
-		for _, rt := range runtimes {
-			fmt.Fprintf(os.Stderr, "forkbench: registry, %s, run %d/%d\n", rt.name, i+1, *repeat)
-			runs[rt.name] = append(runs[rt.name], fleetRun(filepath.Join(dir, fmt.Sprintf("fleet-%s-%d", rt.name, i)), rt, reg, heapMiB))
-		}
-		reg.Stop()
-		os.RemoveAll(reg.Storage)
-	}
+	perRegistry(dir, "registry", runtimes, func(rt runtimeConfig, reg *ociregistry.Registry, i int) {
+		runs[rt.name] = append(runs[rt.name], fleetRun(filepath.Join(dir, fmt.Sprintf("fleet-%s-%d", rt.name, i)), rt, reg, heapMiB))
+	})
 	var out []FleetResult
 	for _, rt := range runtimes {
 		out = append(out, mergeFleet(runs[rt.name]))
@@ -189,5 +179,23 @@ func printFleet(results []FleetResult) {
 		fmt.Printf("%-10s %5d %8.0f %9.1f %9.0f %10.1f %10.0f %11.1f %10.0f %10.2f %10.0f\n",
 			r.Runtime, r.HeapMiB, r.PushMs, mib(r.PushBytes), r.ColdPullMs, mib(r.ColdPullBytes), r.ColdRestoreMs,
 			mib(r.RepushBytes), r.WarmPullMs, mib(r.WarmPullBytes), r.WarmRestoreMs)
+	}
+}
+
+// perRegistry calls run for each repetition (-repeat) and runtime,
+// alternating runtimes within a repetition. Each repetition has a registry
+// of its own on loopback, removed after it, so that no run finds blocks of
+// an earlier one.
+func perRegistry(dir, scenario string, runtimes []runtimeConfig, run func(rt runtimeConfig, reg *ociregistry.Registry, i int)) {
+	for i := 0; i < *repeat; i++ {
+		reg, err := ociregistry.Start(ociregistry.Binary(abs(".")), filepath.Join(dir, fmt.Sprintf("%s-registry-%d", scenario, i)), "", "")
+		must(err)
+		addCleanup(reg.Stop)
+		for _, rt := range runtimes {
+			fmt.Fprintf(os.Stderr, "forkbench: %s, %s, run %d/%d\n", scenario, rt.name, i+1, *repeat)
+			run(rt, reg, i)
+		}
+		reg.Stop()
+		os.RemoveAll(reg.Storage)
 	}
 }
