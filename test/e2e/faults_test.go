@@ -38,18 +38,20 @@ var sharedBaseCheckpointPhases = []checkpointPhase{
 		}
 		return false
 	}},
-	// The sentry writes base.img, then the delta against it.
+	// runsc writes base.img as the sentry streams the export to it; the
+	// sentry then saves the delta against it.
 	{"export", func(image string) bool {
 		var st syscall.Stat_t
 		return syscall.Stat(filepath.Join(image, "base.img"), &st) == nil && st.Blocks > 0
 	}},
-	// files.json is written; runsc waits for the sandbox to exit.
+	// files.json is written; runsc publishes base.img (and first waits for
+	// the sandbox to exit if the sandbox could reach it by a path).
 	{"finish", func(image string) bool {
 		_, err := os.Stat(filepath.Join(image, "files.json"))
 		return err == nil
 	}},
-	// base.img is read-only: runsc digests it, links it into the base
-	// store and writes base.json.
+	// base.img is read-only: runsc links it into the base store and writes
+	// base.json.
 	{"publish", func(image string) bool {
 		st, err := os.Stat(filepath.Join(image, "base.img"))
 		return err == nil && st.Mode().Perm()&0o222 == 0
