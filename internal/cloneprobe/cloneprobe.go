@@ -71,13 +71,14 @@ type Options struct {
 type Result struct {
 	// Source is the last line the parked sandbox printed.
 	Source Sample
-	// Clones are the first line of each clone after its restore (with
-	// Signal: the first line that counts the signal).
+	// Clones are the first line of each clone begun after its restore (the
+	// second it prints; with Signal: the first line that counts the
+	// signal).
 	Clones []Sample
 	// Settled are a line of each clone at least 10 lines after Clones.
 	Settled []Sample
-	// Reparked is the first line of a restore of clone 0 parked again
-	// (with Signal: the first line that counts the second signal).
+	// Reparked is the first line begun after a restore of clone 0 parked
+	// again (with Signal: the first line that counts the second signal).
 	Reparked Sample
 }
 
@@ -133,7 +134,15 @@ func Run(o Options) (*Result, error) {
 		if err := r.Restore(bundle, id, image, out, flags...); err != nil {
 			return Sample{}, "", err
 		}
-		s, err := WaitSample(out, lineTimeout, func(Sample) bool { return true })
+		// The first line a clone prints may have been formatted before
+		// the park: the probe can be paused between reading its values
+		// and writing them, and writes them after the restore. The next
+		// line was begun after that write, so after the restore.
+		first, err := WaitSample(out, lineTimeout, func(Sample) bool { return true })
+		if err != nil {
+			return first, out, err
+		}
+		s, err := WaitSample(out, lineTimeout, func(s Sample) bool { return s.N > first.N })
 		if err != nil || o.Signal == "" {
 			return s, out, err
 		}
