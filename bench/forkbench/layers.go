@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/forkvisor/forkvisor/internal/pauselog"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 	"github.com/forkvisor/forkvisor/internal/xfs"
 )
@@ -43,15 +44,20 @@ func layers(dir string, runtimes []runtimeConfig, dirty bool) []Result {
 				runs = append(runs, layer(filepath.Join(fs.Dir, fmt.Sprint(i)), rt, mib, dirty))
 			}
 			res := runs[len(runs)-1]
-			var park, restore, freeze []float64
+			var park, restore, freeze, pause []float64
 			for _, r := range runs {
 				park = append(park, r.CheckpointMs)
 				restore = append(restore, r.RestoreP50Ms)
 				freeze = append(freeze, r.FreezeMs)
+				pause = append(pause, r.PauseMs)
 			}
 			res.CheckpointMs = median(park)
 			res.FreezeMs = median(freeze)
 			res.FreezeSamplesMs = freeze
+			if dirty {
+				res.PauseMs = median(pause)
+				res.PauseSamplesMs = pause
+			}
 			res.RestoreMs = restore
 			res.RestoreP50Ms, res.RestoreMaxMs = median(restore), maxOf(restore)
 			res.Repeats = len(runs)
@@ -64,6 +70,12 @@ func layers(dir string, runtimes []runtimeConfig, dirty bool) []Result {
 func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 	base := filepath.Join(dir, fmt.Sprintf("layer%d-%s", layerMiB, rt.name))
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir(fmt.Sprintf("layer%d", layerMiB), rt)}
+	if dirty && r.LogDir == "" {
+		// The pause is read from the sandbox's debug log, for both
+		// runtimes alike.
+		r.LogDir = filepath.Join(base, "logs")
+		must(os.MkdirAll(r.LogDir, 0o755))
+	}
 	addCleanup(r.Cleanup)
 	defer r.Cleanup()
 	bundle := filepath.Join(base, "bundle")
@@ -101,6 +113,9 @@ func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 	if dirty {
 		time.Sleep(300 * time.Millisecond)
 		res.FreezeMs = ms(gaps(start.Add(-100 * time.Millisecond)))
+		pause, err := pauselog.Dir(r.LogDir)
+		must(err)
+		res.PauseMs = ms(pause)
 	}
 	r.Destroy("source")
 	res.ImageBytes, _ = diskUsage(image)
@@ -128,14 +143,18 @@ func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 
 // watchTicks records when each line of the tick output out arrives, and
 // returns a function that stops and returns the longest gap between
-// arrivals after from.
+// arrivals after from. The watch's start counts as an arrival: a runtime
+// that pauses the sandbox as soon as its checkpoint starts prints no line
+// between the watch's start and the pause, and the gap from the start to
+// the first line after the pause (a lower bound of the time since the last
+// line before it) is then its freeze.
 func watchTicks(out string) func(from time.Time) time.Duration {
 	stop := make(chan struct{})
 	done := make(chan []time.Time)
 	go func() {
 		// A growing file is a new line: stat, not re-read, every
 		// millisecond.
-		var arrivals []time.Time
+		arrivals := []time.Time{time.Now()}
 		size := func() int64 {
 			st, err := os.Stat(out)
 			if err != nil {

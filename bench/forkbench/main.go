@@ -18,8 +18,10 @@
 //	           (--skip-filestore-pages, --filestore-snapshot-dir) and adopts
 //	           it on restore (--filestore-adopt-dir)
 //	layers-dirty  the same, parked right after the layer is written (nothing
-//	           flushed by the caller) with --leave-running: freeze_ms is the
-//	           longest gap between the parked sandbox's ticks
+//	           flushed by the caller) with --leave-running: pause_ms is how
+//	           long the save paused the sandbox (its debug log, both
+//	           runtimes), freeze_ms the longest gap between its 50 ms ticks
+//	           as they arrive
 //	registry   park a 256 MiB tick workload on node A, push it to a registry
 //	           on loopback (bin/forkvisor-oci), pull it on a cold node B and
 //	           restore; park a clone of it again on A, push, pull on B
@@ -162,6 +164,10 @@ type Result struct {
 	// sandbox's 50 ms ticks around a --leave-running park (median).
 	FreezeMs        float64   `json:"freeze_ms,omitempty"`
 	FreezeSamplesMs []float64 `json:"freeze_samples_ms,omitempty"`
+	// PauseMs (layers-dirty) is how long the park paused the sandbox's
+	// tasks, from the sandbox's debug log (internal/pauselog; median).
+	PauseMs        float64   `json:"pause_ms,omitempty"`
+	PauseSamplesMs []float64 `json:"pause_samples_ms,omitempty"`
 }
 
 // runtimeConfig is one way of running the same scenario: a runsc binary, the flags
@@ -544,10 +550,10 @@ func printTable(results []Result) {
 			continue
 		}
 		if !haveLayers {
-			fmt.Printf("\n%-12s %-10s %9s %9s %9s %12s %14s %14s\n", "scenario", "runtime", "layer_MiB", "park_ms", "freeze_ms", "restore_ms", "image_MiB", "snapshot_MiB")
+			fmt.Printf("\n%-12s %-10s %9s %9s %9s %9s %12s %14s %14s\n", "scenario", "runtime", "layer_MiB", "park_ms", "pause_ms", "freeze_ms", "restore_ms", "image_MiB", "snapshot_MiB")
 			haveLayers = true
 		}
-		fmt.Printf("%-12s %-10s %9d %9.0f %9.0f %12.0f %14.1f %14.1f\n", r.Scenario, r.Runtime, r.LayerMiB, r.CheckpointMs, r.FreezeMs, r.RestoreP50Ms, mib(r.ImageBytes), mib(r.SnapshotBytes))
+		fmt.Printf("%-12s %-10s %9d %9.0f %9.0f %9.0f %12.0f %14.1f %14.1f\n", r.Scenario, r.Runtime, r.LayerMiB, r.CheckpointMs, r.PauseMs, r.FreezeMs, r.RestoreP50Ms, mib(r.ImageBytes), mib(r.SnapshotBytes))
 	}
 	// The workload's own first pass after restore, where it says.
 	havePass := false
