@@ -70,10 +70,15 @@ func layers(dir string, runtimes []runtimeConfig, dirty bool) []Result {
 func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 	base := filepath.Join(dir, fmt.Sprintf("layer%d-%s", layerMiB, rt.name))
 	r := &sandbox.Runsc{Bin: rt.bin, Root: filepath.Join(base, "root"), Upstream: !rt.fork, LogDir: runtimeLogDir(fmt.Sprintf("layer%d", layerMiB), rt)}
-	if dirty && r.LogDir == "" {
-		// The pause is read from the sandbox's debug log, for both
-		// runtimes alike.
-		r.LogDir = filepath.Join(base, "logs")
+	if dirty {
+		// The pause is read from the sandbox's log (info level, for both
+		// runtimes alike), in a directory of this run's own: -log-dir's
+		// is shared by every repetition.
+		if r.LogDir == "" {
+			r.LogDir, r.LogInfo = filepath.Join(base, "logs"), true
+		} else {
+			r.LogDir = filepath.Join(r.LogDir, "dirty-"+filepath.Base(dir))
+		}
 		must(os.MkdirAll(r.LogDir, 0o755))
 	}
 	addCleanup(r.Cleanup)
@@ -151,10 +156,10 @@ func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 func watchTicks(out string) func(from time.Time) time.Duration {
 	stop := make(chan struct{})
 	done := make(chan []time.Time)
+	arrivals := []time.Time{time.Now()}
 	go func() {
 		// A growing file is a new line: stat, not re-read, every
 		// millisecond.
-		arrivals := []time.Time{time.Now()}
 		size := func() int64 {
 			st, err := os.Stat(out)
 			if err != nil {

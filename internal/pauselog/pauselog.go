@@ -75,7 +75,10 @@ func File(path string) (time.Duration, bool, error) {
 			return resumed.Sub(paused), true, nil
 		}
 	}
-	return 0, false, sc.Err()
+	if err := sc.Err(); err != nil {
+		return 0, false, fmt.Errorf("%s: %w", path, err)
+	}
+	return 0, false, nil
 }
 
 // lineTime parses the timestamp of a glog line: "I1202 16:44:33.164447 ...".

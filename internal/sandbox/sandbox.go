@@ -26,6 +26,9 @@ type Runsc struct {
 	Root string
 	// LogDir, if set, receives runsc debug logs (--debug-log).
 	LogDir string
+	// LogInfo logs into LogDir at runsc's default level (info) instead of
+	// with --debug, which adds work to every RPC and syscall path it logs.
+	LogInfo bool
 	// BaseStore is the node base store (--base-store) of the fork; default
 	// Root+"-bases", so that tests and benchmarks never fill the host's
 	// store. Empty for a runsc without the flag (upstream): see Upstream.
@@ -69,7 +72,10 @@ func (r *Runsc) command(args ...string) *exec.Cmd {
 		global = append(global, "--base-store="+r.StorePath())
 	}
 	if r.LogDir != "" {
-		global = append(global, "--debug", "--debug-log="+r.LogDir+"/")
+		if !r.LogInfo {
+			global = append(global, "--debug")
+		}
+		global = append(global, "--debug-log="+r.LogDir+"/")
 	}
 	global = append(global, r.Flags...)
 	return exec.Command(r.Bin, append(global, args...)...)
