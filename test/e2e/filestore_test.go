@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/forkvisor/forkvisor/internal/pauselog"
 	"github.com/forkvisor/forkvisor/internal/prereq"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 	"github.com/forkvisor/forkvisor/internal/xfs"
@@ -288,6 +289,47 @@ func TestFilestoreParkFanOutLineage(t *testing.T) {
 
 	if got := dirSums(t, snap); fmt.Sprint(got) != fmt.Sprint(snapSums) {
 		t.Errorf("the first snapshot changed:\nbefore %v\nafter  %v", snapSums, got)
+	}
+}
+
+// TestFilestoreDirtyParkLogsPause parks a sandbox with --leave-running right
+// after it wrote its 64 MiB layer (nothing flushed by the test): the
+// sandbox's log states how long the save paused it (its size goes to the
+// benchmark, forkbench's layers-dirty), the source keeps ticking with its
+// layer, and a clone adopting the snapshot has the whole layer intact.
+func TestFilestoreDirtyParkLogsPause(t *testing.T) {
+	const fileMiB = 64
+	e := newLayerEnv(t, fileMiB)
+	e.r.LogDir, e.r.LogInfo = t.TempDir(), true
+	srcOut := e.start(t, "source")
+
+	image, snap := filepath.Join(e.dir, "dirty-image"), filepath.Join(e.dir, "dirty-snap")
+	if err := e.r.Checkpoint("source", image, "--skip-filestore-pages", "--filestore-snapshot-dir="+snap, "--leave-running"); err != nil {
+		t.Fatal(err)
+	}
+	pause, err := pauselog.Dir(e.r.LogDir)
+	if err != nil {
+		t.Fatalf("the park's pause: %v", err)
+	}
+	logged := false
+	boots, _ := filepath.Glob(filepath.Join(e.r.LogDir, "*.boot.txt"))
+	for _, b := range boots {
+		data, err := os.ReadFile(b)
+		logged = logged || (err == nil && bytes.Contains(data, []byte("the sandbox was paused for ")))
+	}
+	if !logged {
+		t.Errorf("no sandbox log in %s says how long the sandbox was paused", e.r.LogDir)
+	}
+	t.Logf("a park of a %d MiB layer written just before it paused the sandbox for %v", fileMiB, pause)
+
+	// The source runs on with its layer.
+	fullCheck(t, srcOut, fileMiB)
+	out, first := e.adopt(t, "clone", image, snap)
+	if first.File != "ok" {
+		t.Errorf("clone's first tick: layer %s", first.File)
+	}
+	if tk := fullCheck(t, out, fileMiB); tk.File != "ok" {
+		t.Errorf("clone's layer after a full pass: %s", tk.File)
 	}
 }
 
