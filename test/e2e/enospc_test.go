@@ -35,9 +35,12 @@ func smallFS(t *testing.T, size string) string {
 // names the directory and the lack of space; the failed save leaves no
 // checkpoint file (a directory the checkpoint created is removed, files that
 // were there stay) and nothing new in the base store, and nothing restores
-// from it. With --leave-running the source keeps running with its heap
-// intact and can then be parked elsewhere and restored; without it, the
-// sandbox exits as upstream's does after a failed save.
+// from it. A --shared-base checkpoint is refused before the sandbox is
+// paused (runsc compares the space with the sandbox's memory), so its source
+// keeps running with or without --leave-running; a plain one fails in its
+// save, after which the source keeps running with --leave-running, and
+// exits without it, as upstream's does. A source that keeps running has its
+// heap intact and can then be parked elsewhere and restored.
 func TestCheckpointOutOfSpace(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -68,6 +71,7 @@ func TestCheckpointOutOfSpace(t *testing.T) {
 				t.Fatalf("checkpoint into a 16 MiB filesystem succeeded")
 			}
 			t.Logf("checkpoint: %v", err)
+			ckptErr := err
 			if msg := err.Error(); !strings.Contains(msg, "no space left on device") || !strings.Contains(msg, image) {
 				t.Errorf("checkpoint error %q; want it to name %s and the lack of space", msg, image)
 			}
@@ -86,7 +90,11 @@ func TestCheckpointOutOfSpace(t *testing.T) {
 			if err := src.r.Restore(src.bundle, "from-failed", image, filepath.Join(src.dir, "ff.out")); err == nil {
 				t.Errorf("restore from the failed checkpoint's directory succeeded")
 			}
-			if !slices.Contains(tc.flags, "--leave-running") {
+			sharedBase := slices.Contains(tc.flags, "--shared-base")
+			if sharedBase && !strings.Contains(ckptErr.Error(), "bytes available") {
+				t.Errorf("--shared-base checkpoint error %q; want the refusal before the pause, which says how many bytes are available", ckptErr)
+			}
+			if !slices.Contains(tc.flags, "--leave-running") && !sharedBase {
 				return
 			}
 			// The source keeps running with its heap intact, and can be
