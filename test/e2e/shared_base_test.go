@@ -200,6 +200,37 @@ func TestSharedBaseClones(t *testing.T) {
 	}
 }
 
+// TestSharedBaseRefusesReachableImageDir: a --shared-base checkpoint into a
+// directory inside the container's root filesystem (which the sandbox, and
+// every clone restored with the same bundle, could open by a path) is
+// refused before the sandbox is paused, naming the directory and the path
+// through which it is reachable; the sandbox keeps running without
+// --leave-running, and nothing of the checkpoint is left.
+func TestSharedBaseRefusesReachableImageDir(t *testing.T) {
+	src := startSource(t, "runsc", 16)
+	image := filepath.Join(src.bundle, "rootfs", "ckpt")
+	err := src.r.Checkpoint("source", image, "--shared-base")
+	if err == nil {
+		t.Fatalf("checkpoint --shared-base into the container's root filesystem succeeded")
+	}
+	t.Logf("checkpoint: %v", err)
+	if msg := err.Error(); !strings.Contains(msg, "could open the shared base by a path") || !strings.Contains(msg, image) {
+		t.Errorf("checkpoint error %q; want it to name %s and say that the sandbox could reach it", msg, image)
+	}
+	if _, err := os.Stat(image); !os.IsNotExist(err) {
+		t.Errorf("the refused checkpoint left %s (%v)", image, err)
+	}
+	n := len(sandbox.Lines(src.out))
+	if _, _, err := sandbox.WaitTick(src.out, n, 10*time.Second, func(sandbox.Tick) bool { return true }); err != nil {
+		t.Fatalf("source after the refused checkpoint: %v", err)
+	}
+	// Out of its reach, the same sandbox parks and restores.
+	p := src.park(t, filepath.Join(src.dir, "image"), "--shared-base")
+	if _, _, err := p.r.RestoreFirstTick(p.bundle, "clone", p.image, filepath.Join(src.dir, "clone.out")); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSharedBaseRefusesBadBase checks that a missing, truncated or different
 // base is refused with a clear error before the sandbox starts, and that the
 // base files are left as they were.
