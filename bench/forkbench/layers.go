@@ -75,10 +75,12 @@ func layer(dir string, rt runtimeConfig, layerMiB int, dirty bool) Result {
 		// runtimes alike), in a directory of this run's own: -log-dir's
 		// is shared by every repetition.
 		if r.LogDir == "" {
-			r.LogDir, r.LogInfo = filepath.Join(base, "logs"), true
+			r.LogDir = filepath.Join(base, "logs")
 		} else {
 			r.LogDir = filepath.Join(r.LogDir, "dirty-"+filepath.Base(dir))
+			must(os.RemoveAll(r.LogDir)) // an earlier invocation's
 		}
+		r.LogInfo = true
 		must(os.MkdirAll(r.LogDir, 0o755))
 	}
 	addCleanup(r.Cleanup)
