@@ -154,6 +154,13 @@ func lazyRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB in
 	}
 	restore(nodeB, filepath.Join(dir, "b", "image"), "lazy", fetched, &lazy)
 	out = append(out, lazy)
+	if logs := runtimeLogDir("lazy-b", rt); logs != "" {
+		// Keep the fetch log (when each block was fetched, and whether
+		// ahead of its readers) beside the node's runsc logs.
+		log, err := os.ReadFile(lazybase.FetchLogPath(nodeB.StorePath(), hex))
+		must(err)
+		must(os.WriteFile(filepath.Join(logs, "fetches.jsonl"), log, 0o644))
+	}
 	return out
 }
 

@@ -95,16 +95,26 @@ func (d *Daemon) Stop() {
 // Fetch is one line of a base's fetch log: a block fetched from the
 // registry.
 type Fetch struct {
-	Block     int    `json:"block"`
-	Digest    string `json:"digest"`
-	Bytes     int64  `json:"bytes"`
-	Ms        int64  `json:"ms"`
+	Block  int    `json:"block"`
+	Digest string `json:"digest"`
+	Bytes  int64  `json:"bytes"`
+	// Ms is how long the fetch took, from StartUnixMicro.
+	Ms             int64 `json:"ms"`
+	StartUnixMicro int64 `json:"start_unix_us"`
+	// Prefetch is true for a block fetched ahead of its readers.
+	Prefetch  bool   `json:"prefetch"`
 	Reference string `json:"reference"`
+}
+
+// FetchLogPath returns the path of the fetch log of base hex in the store
+// at root: one JSON Fetch per line.
+func FetchLogPath(root, hex string) string {
+	return filepath.Join(root, CacheDir, hex, fetchLogName)
 }
 
 // Fetches returns the fetch log of base hex in the store at root.
 func Fetches(root, hex string) ([]Fetch, error) {
-	f, err := os.Open(filepath.Join(root, CacheDir, hex, fetchLogName))
+	f, err := os.Open(FetchLogPath(root, hex))
 	if os.IsNotExist(err) {
 		return nil, nil
 	}

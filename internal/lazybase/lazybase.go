@@ -461,7 +461,7 @@ func (b *base) load1(i int, speculative bool) ([]byte, bool, error) {
 		if failed && time.Since(f.at) < failureBackoff {
 			return nil, f.err
 		}
-		block, fetched, err := b.load(i)
+		block, fetched, err := b.load(i, speculative)
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		if err != nil && speculative {
@@ -504,7 +504,7 @@ const failureBackoff = 2 * time.Second
 // A block is hashed whenever it is read from the cache file, not only the
 // first time: the file is written back in the background, and a block that
 // the disk lost or damaged since must be fetched again, not served.
-func (b *base) load(i int) ([]byte, bool, error) {
+func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	off, n := b.m.Range(i)
 	want := b.m.Blocks[i]
 	if b.cached(int64(off), int64(n)) {
@@ -552,7 +552,7 @@ func (b *base) load(i int) ([]byte, bool, error) {
 	b.s.stats.BlocksFetched++
 	b.s.stats.BytesFetched += int64(n)
 	b.s.mu.Unlock()
-	line, _ := json.Marshal(map[string]any{"block": i, "digest": want, "bytes": n, "ms": time.Since(start).Milliseconds(), "reference": b.src.Reference})
+	line, _ := json.Marshal(Fetch{Block: i, Digest: want, Bytes: int64(n), Ms: time.Since(start).Milliseconds(), StartUnixMicro: start.UnixMicro(), Prefetch: speculative, Reference: b.src.Reference})
 	b.mu.Lock()
 	b.logFile.Write(append(line, '\n'))
 	b.mu.Unlock()
