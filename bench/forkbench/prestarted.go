@@ -14,8 +14,10 @@ import (
 
 // PrestartResult is one runtime's restore latency for a prestarted
 // scenario: restore → first output of a clone of a parked workload, by a
-// plain `runsc restore` (which creates the sandbox) and into a sandbox
-// created beforehand (internal/warmpool).
+// plain `runsc restore` (which creates the sandbox), into a sandbox created
+// beforehand (internal/warmpool), and, for forkvisor, by resuming a clone
+// of the image restored paused beforehand (warmpool.NewRestored; upstream
+// cannot restore without running the tasks).
 type PrestartResult struct {
 	Workload string `json:"workload"`
 	Runtime  string `json:"runtime"`
@@ -23,6 +25,9 @@ type PrestartResult struct {
 
 	PlainMs      []float64 `json:"plain_ms"`
 	PrestartedMs []float64 `json:"prestarted_ms"`
+	// PrerestoredMs is from `runsc resume` of a paused clone to its first
+	// output (forkvisor only).
+	PrerestoredMs []float64 `json:"prerestored_ms,omitempty"`
 	// CreateMs is what a waiting sandbox cost to create, off the restore
 	// path (the pool creates it in the background).
 	CreateMs []float64 `json:"create_ms"`
@@ -32,6 +37,9 @@ type PrestartResult struct {
 	PrestartedP50 float64 `json:"prestarted_p50_ms"`
 	PrestartedP95 float64 `json:"prestarted_p95_ms"`
 	CreateP50     float64 `json:"create_p50_ms"`
+	// PrerestoredP50 and PrerestoredP95 are 0 for upstream.
+	PrerestoredP50 float64 `json:"prerestored_p50_ms,omitempty"`
+	PrerestoredP95 float64 `json:"prerestored_p95_ms,omitempty"`
 }
 
 // prestartWorkload is the workload of a prestarted scenario.
@@ -82,6 +90,9 @@ func prestarted(dir string, runtimes []runtimeConfig, w prestartWorkload) []Pres
 		r.PlainP50, r.PlainP95 = median(r.PlainMs), percentile(r.PlainMs, 95)
 		r.PrestartedP50, r.PrestartedP95 = median(r.PrestartedMs), percentile(r.PrestartedMs, 95)
 		r.CreateP50 = median(r.CreateMs)
+		if len(r.PrerestoredMs) > 0 {
+			r.PrerestoredP50, r.PrerestoredP95 = median(r.PrerestoredMs), percentile(r.PrerestoredMs, 95)
+		}
 		out = append(out, *r)
 	}
 	return out
@@ -111,6 +122,12 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 	pool, err := warmpool.New(r, bundle, base, "warm", 1)
 	must(err)
 	defer pool.Close()
+	var paused *warmpool.Pool
+	if rt.fork {
+		paused, err = warmpool.NewRestored(r, bundle, image, base, "paused", 1, rt.restoreArgs...)
+		must(err)
+		defer paused.Close()
+	}
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("plain%d", i)
 		_, took, err := r.RestoreFirstTick(bundle, id, image, filepath.Join(base, id+".out"), rt.restoreArgs...)
@@ -133,6 +150,18 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		_, err = sandbox.WaitFirstTick(s.Out, start)
 		must(err)
 		res.PrestartedMs = append(res.PrestartedMs, ms(time.Since(start)))
+		r.Destroy(s.ID)
+
+		if paused == nil {
+			continue
+		}
+		must(paused.Fill(time.Minute))
+		start = time.Now()
+		s, err = paused.Restore(image)
+		must(err)
+		_, err = sandbox.WaitFirstTick(s.Out, start)
+		must(err)
+		res.PrerestoredMs = append(res.PrerestoredMs, ms(time.Since(start)))
 		r.Destroy(s.ID)
 	}
 }
@@ -168,10 +197,14 @@ func printPrestarted(results []PrestartResult) {
 		return
 	}
 	fmt.Printf("\nprestarted: restore -> first output, %d samples each way per runtime; create_ms is the pool's work per sandbox, off the restore path\n", len(results[0].PlainMs))
-	fmt.Printf("%-8s %-12s %5s %10s %10s %15s %15s %10s\n", "workload", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms")
+	fmt.Printf("%-8s %-12s %5s %10s %10s %15s %15s %10s %16s %16s\n", "workload", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms", "prerestored_p50", "prerestored_p95")
 	best := map[string]float64{} // upstream's best p50 per workload, either way
 	for _, r := range results {
-		fmt.Printf("%-8s %-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f\n", r.Workload, r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50)
+		pre50, pre95 := "-", "-"
+		if r.PrerestoredP50 > 0 {
+			pre50, pre95 = fmt.Sprintf("%.0f", r.PrerestoredP50), fmt.Sprintf("%.0f", r.PrerestoredP95)
+		}
+		fmt.Printf("%-8s %-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f %16s %16s\n", r.Workload, r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50, pre50, pre95)
 		if strings.HasPrefix(r.Runtime, "upstream") {
 			if b, ok := best[r.Workload]; !ok || min(r.PlainP50, r.PrestartedP50) < b {
 				best[r.Workload] = min(r.PlainP50, r.PrestartedP50)
@@ -180,7 +213,11 @@ func printPrestarted(results []PrestartResult) {
 	}
 	for _, r := range results {
 		if b := best[r.Workload]; !strings.HasPrefix(r.Runtime, "upstream") && b > 0 {
-			fmt.Printf("%-8s %s/upstream's best (%.0f ms, either way): plain %.2fx, prestarted %.2fx\n", r.Workload, r.Runtime, b, r.PlainP50/b, r.PrestartedP50/b)
+			fmt.Printf("%-8s %s/upstream's best (%.0f ms, either way): plain %.2fx, prestarted %.2fx", r.Workload, r.Runtime, b, r.PlainP50/b, r.PrestartedP50/b)
+			if r.PrerestoredP50 > 0 {
+				fmt.Printf(", prerestored (resume of a paused clone) %.2fx", r.PrerestoredP50/b)
+			}
+			fmt.Println()
 		}
 	}
 }

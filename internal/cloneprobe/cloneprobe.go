@@ -65,6 +65,11 @@ type Options struct {
 	// Signal, if set, is the restore signal the bundle asks for (annotation
 	// dev.gvisor.restore-signal); the probe reseeds its PRNG on it.
 	Signal string
+	// Paused restores every clone with `runsc restore --paused` and
+	// resumes it after PausedFor, so that the contract is checked for
+	// clones that waited restored (warmpool.NewRestored).
+	Paused    bool
+	PausedFor time.Duration
 }
 
 // Result is what one side of the probe saw.
@@ -131,8 +136,17 @@ func Run(o Options) (*Result, error) {
 
 	restore := func(id, image string, wantSignals int, flags ...string) (Sample, string, error) {
 		out := filepath.Join(o.Dir, id+".out")
+		if o.Paused {
+			flags = append([]string{"--paused"}, flags...)
+		}
 		if err := r.Restore(bundle, id, image, out, flags...); err != nil {
 			return Sample{}, "", err
+		}
+		if o.Paused {
+			time.Sleep(o.PausedFor)
+			if err := r.Resume(id); err != nil {
+				return Sample{}, "", err
+			}
 		}
 		// The first line a clone prints may have been formatted before
 		// the park: the probe can be paused between reading its values

@@ -449,8 +449,26 @@ func (r *Runsc) stateFile(id string) (stateFileInfo, error) {
 // Waiting reports whether container id is created and its sandbox process
 // is alive: a restore or start of it can proceed.
 func (r *Runsc) Waiting(id string) bool {
+	return r.liveIn(id, "created")
+}
+
+// Paused reports whether container id is paused (`runsc pause`, or
+// restored with `runsc restore --paused`) and its sandbox process lives.
+func (r *Runsc) Paused(id string) bool {
+	return r.liveIn(id, "paused")
+}
+
+// liveIn reports whether runsc's state file says container id is in status
+// and its sandbox process lives.
+func (r *Runsc) liveIn(id, status string) bool {
 	st, err := r.stateFile(id)
-	return err == nil && st.Status == "created" && st.Sandbox.Pid > 0 && alive(st.Sandbox.Pid)
+	return err == nil && st.Status == status && st.Sandbox.Pid > 0 && alive(st.Sandbox.Pid)
+}
+
+// Resume resumes paused container id.
+func (r *Runsc) Resume(id string) error {
+	_, err := r.Exec("resume", id)
+	return err
 }
 
 // alive reports whether process pid exists and is not a zombie.

@@ -1,5 +1,7 @@
 // Package warmpool keeps runsc sandboxes started and waiting for an image,
-// so that a restore skips everything that does not depend on the image.
+// so that a restore skips everything that does not depend on the image; or,
+// bound to one image, keeps clones of it restored and paused, so that a
+// restore is only a resume.
 //
 // A waiting sandbox is a container created with `runsc create` and never
 // started: its sandbox and gofer processes, namespaces, platform and control
@@ -17,6 +19,15 @@
 // container whose spec differs (restore spec validation names the field),
 // and the sandbox it was given is then used up: the pool destroys and
 // replaces it.
+//
+// A pool made by NewRestored is bound to one image as well: each waiting
+// sandbox is a clone restored from it with `runsc restore --paused` (its
+// kernel state decoded, its memory mapped or copied, its new identity and
+// restore signal given, its tasks not yet run), and Restore of that image
+// is `runsc resume`. What the image brings is then fixed at refill too, so
+// Restore of any other image is refused, naming both. A waiting clone holds
+// the memory a restored clone holds before it runs (with a shared base:
+// the pages of the base's write set it copied, and its share of the base).
 package warmpool
 
 import (
@@ -45,6 +56,10 @@ type Pool struct {
 	dir    string
 	prefix string
 	size   int
+	// image, if not empty, is the checkpoint that the waiting sandboxes
+	// are restored (paused) from, with restoreArgs (NewRestored).
+	image       string
+	restoreArgs []string
 
 	mu sync.Mutex
 	// cond is signalled when waiting grows, when a refill fails, and when
@@ -69,10 +84,29 @@ type Pool struct {
 // New creates a pool of size sandboxes of bundle under r, named prefix-N,
 // with their output in dir, and returns once they all wait.
 func New(r *sandbox.Runsc, bundle, dir, prefix string, size int) (*Pool, error) {
-	if size < 1 {
-		return nil, fmt.Errorf("warmpool: size %d, want at least 1", size)
+	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size})
+}
+
+// NewRestored creates a pool of size clones of the checkpoint in image,
+// restored into bundle paused (extra flags go to runsc restore), named
+// prefix-N with their output in dir, and returns once they all wait.
+// Restore of image resumes one of them.
+func NewRestored(r *sandbox.Runsc, bundle, image, dir, prefix string, size int, extra ...string) (*Pool, error) {
+	if image == "" {
+		return nil, fmt.Errorf("warmpool: no image to restore the pool from")
 	}
-	p := &Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, refill: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	abs, err := filepath.Abs(image)
+	if err != nil {
+		return nil, fmt.Errorf("warmpool: %w", err)
+	}
+	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, image: abs, restoreArgs: extra})
+}
+
+func newPool(p *Pool) (*Pool, error) {
+	if p.size < 1 {
+		return nil, fmt.Errorf("warmpool: size %d, want at least 1", p.size)
+	}
+	p.refill, p.stop, p.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	p.cond.L = &p.mu
 	go p.refiller()
 	if err := p.Fill(time.Minute); err != nil {
@@ -128,12 +162,36 @@ func (p *Pool) Waiting() []string {
 // it out; extra flags go to runsc restore. Waiting sandboxes that died are
 // destroyed and replaced; if none is left, one is created now. A failed
 // restore uses up its sandbox, which is destroyed.
+//
+// In a pool made by NewRestored, image must be the pool's, extra must be
+// empty (the flags were given to NewRestored), and the waiting clone is
+// resumed.
 func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
+	if p.image != "" {
+		abs, err := filepath.Abs(image)
+		if err != nil {
+			return Sandbox{}, fmt.Errorf("warmpool: %w", err)
+		}
+		if abs != p.image {
+			return Sandbox{}, fmt.Errorf("warmpool: this pool holds paused clones of %s, not of %s", p.image, abs)
+		}
+		if len(extra) != 0 {
+			return Sandbox{}, fmt.Errorf("warmpool: restore flags %q: a pool of paused clones takes its flags when it is made", extra)
+		}
+	}
 	s, err := p.take()
+	// Refill once this request is served, so that the refill's restore or
+	// create does not compete with it for the CPUs.
+	defer p.kick()
 	if err != nil {
 		return Sandbox{}, err
 	}
-	if err := p.r.Restore(p.bundle, s.ID, image, s.Out, extra...); err != nil {
+	if p.image != "" {
+		err = p.r.Resume(s.ID)
+	} else {
+		err = p.r.Restore(p.bundle, s.ID, image, s.Out, extra...)
+	}
+	if err != nil {
 		p.r.Destroy(s.ID)
 		os.Remove(s.Out)
 		return Sandbox{}, fmt.Errorf("warmpool: restoring %s into waiting sandbox %s: %w", image, s.ID, err)
@@ -142,9 +200,8 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 }
 
 // take removes a live waiting sandbox from the pool, or creates one if none
-// is left, and asks for a refill.
+// is left. The caller asks for a refill.
 func (p *Pool) take() (Sandbox, error) {
-	defer p.kick()
 	for {
 		p.mu.Lock()
 		if p.closed {
@@ -158,7 +215,7 @@ func (p *Pool) take() (Sandbox, error) {
 		s := p.waiting[0]
 		p.waiting = p.waiting[1:]
 		p.mu.Unlock()
-		if p.r.Waiting(s.ID) {
+		if p.live(s.ID) {
 			return s, nil
 		}
 		// Killed or stopped while it waited: replace it.
@@ -166,14 +223,28 @@ func (p *Pool) take() (Sandbox, error) {
 	}
 }
 
-// create creates one sandbox.
+// live reports whether waiting sandbox id can still be handed out.
+func (p *Pool) live(id string) bool {
+	if p.image != "" {
+		return p.r.Paused(id)
+	}
+	return p.r.Waiting(id)
+}
+
+// create creates one sandbox: created, or restored paused from p.image.
 func (p *Pool) create() (Sandbox, error) {
 	p.mu.Lock()
 	s := Sandbox{ID: fmt.Sprintf("%s-%d", p.prefix, p.next)}
 	p.next++
 	p.mu.Unlock()
 	s.Out = filepath.Join(p.dir, s.ID+".out")
-	if err := p.r.Create(p.bundle, s.ID, s.Out); err != nil {
+	var err error
+	if p.image != "" {
+		err = p.r.Restore(p.bundle, s.ID, p.image, s.Out, append([]string{"--paused"}, p.restoreArgs...)...)
+	} else {
+		err = p.r.Create(p.bundle, s.ID, s.Out)
+	}
+	if err != nil {
 		p.r.Destroy(s.ID)
 		return Sandbox{}, fmt.Errorf("warmpool: creating %s: %w", s.ID, err)
 	}

@@ -20,9 +20,13 @@ func TestCloneContract(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		signal string
+		paused bool
 	}{
 		{name: "signal", signal: "USR2"},
 		{name: "nosignal"},
+		// Clones restored with --paused and resumed later: the same
+		// contract, the signal delivered once, at their first run.
+		{name: "signal,paused", signal: "USR2", paused: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -33,6 +37,8 @@ func TestCloneContract(t *testing.T) {
 				Clones:    4,
 				ParkFlags: []string{"--shared-base"},
 				Signal:    tc.signal,
+				Paused:    tc.paused,
+				PausedFor: 300 * time.Millisecond,
 			})
 			if err != nil {
 				t.Fatal(err)

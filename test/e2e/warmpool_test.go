@@ -136,3 +136,108 @@ func killAndReap(pid int) error {
 	}
 	return fmt.Errorf("process %d still exists 2 s after SIGKILL", pid)
 }
+
+// TestWarmPoolRestoredClones keeps clones of one image restored with
+// `runsc restore --paused` (warmpool.NewRestored): a waiting clone prints
+// nothing and reports itself paused; Restore resumes it, and it continues
+// the tick with its heap intact and a private mark; the pool refills; a
+// killed waiting clone is replaced; another image is refused naming both;
+// Close leaves nothing behind.
+func TestWarmPoolRestoredClones(t *testing.T) {
+	p := parkSource(t, 64)
+	dir := t.TempDir()
+	pool, err := warmpool.NewRestored(p.r, p.bundle, p.image, dir, "paused", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			pool.Close()
+		}
+	}()
+
+	// Restored, not running: no output, and runsc reports it paused.
+	waiting := pool.Waiting()
+	if len(waiting) != 2 {
+		t.Fatalf("%d clones waiting, want 2", len(waiting))
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, id := range waiting {
+		if !p.r.Paused(id) {
+			t.Errorf("waiting clone %s is not paused", id)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, id+".out")); err != nil || len(b) != 0 {
+			t.Errorf("waiting clone %s printed %q (%v) before it was resumed", id, b, err)
+		}
+	}
+
+	var got []warmpool.Sandbox
+	for i := 0; i < 3; i++ {
+		s, err := pool.Restore(p.image)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkFirstTick(t, s.ID, s.Out, p.lastTick)
+		got = append(got, s)
+		if err := pool.Fill(time.Minute); err != nil {
+			t.Fatalf("refilling after resume %d: %v", i, err)
+		}
+	}
+	marks := map[string]string{}
+	for _, s := range got {
+		p.send(t, s.ID, "mark")
+		tk, _ := waitTick(t, s.Out, 0, "a mark", func(tk sandbox.Tick) bool { return tk.Mark != "" && tk.Mark != "0" })
+		if other, dup := marks[tk.Mark]; dup {
+			t.Fatalf("clones %s and %s print the same mark %s", other, s.ID, tk.Mark)
+		}
+		marks[tk.Mark] = s.ID
+	}
+
+	// A waiting clone killed while it waits is replaced.
+	waiting = pool.Waiting()
+	pid, err := p.r.SandboxPID(waiting[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := killAndReap(pid); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pool.Restore(p.image)
+	if err != nil {
+		t.Fatalf("resume after a waiting clone was killed: %v", err)
+	}
+	if s.ID == waiting[0] {
+		t.Fatalf("resumed the killed clone %s", s.ID)
+	}
+	checkFirstTick(t, s.ID, s.Out, p.lastTick)
+	got = append(got, s)
+
+	// The pool is bound to its image: another one is refused, naming both,
+	// and no waiting clone is used up.
+	if err := pool.Fill(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	before := pool.Waiting()
+	other := filepath.Join(t.TempDir(), "other")
+	if _, err := pool.Restore(other); err == nil || !strings.Contains(err.Error(), p.image) || !strings.Contains(err.Error(), other) {
+		t.Fatalf("restoring another image from the pool: %v; want a refusal naming %s and %s", err, p.image, other)
+	}
+	if w := pool.Waiting(); !slices.Equal(w, before) {
+		t.Errorf("waiting after the refusal: %v, want %v", w, before)
+	}
+
+	left := pool.Waiting()
+	pool.Close()
+	closed = true
+	for _, id := range left {
+		if _, err := p.r.Exec("state", id); err == nil {
+			t.Errorf("container %s still exists after Close", id)
+		}
+	}
+	for _, s := range got {
+		if _, err := p.r.Exec("state", s.ID); err != nil {
+			t.Errorf("clone %s handed out before Close: %v", s.ID, err)
+		}
+	}
+}
