@@ -389,22 +389,15 @@ func (b *base) readAt(dest []byte, off int64) (int, error) {
 }
 
 // prefetchAfter starts fetching, in the background, the blocks that a reader
-// that just missed block i is likely to touch next: if it seems to go
-// through the base in order (block i-1 is present), the prefetchBlocks
-// blocks after i; else, having jumped to block i, its two neighbours (a
-// restored guest's stacks, heap arenas and text span adjacent blocks, and
-// are touched out of order). Neighbours are fetched concurrently with the
-// reader's own accesses, so a jump costs about one registry round trip
-// instead of one per block. Readers of those blocks wait for the fetch in
-// flight rather than start another.
+// that just missed block i is likely to touch next (prefetchRange).
+// Neighbours are fetched concurrently with the reader's own accesses, so a
+// jump costs about one registry round trip instead of one per block.
+// Readers of those blocks wait for the fetch in flight rather than start
+// another.
 func (b *base) prefetchAfter(i int) {
 	b.mu.Lock()
-	sequential := i > 0 && b.present[i-1]
+	from, to := prefetchRange(i, len(b.present), func(j int) bool { return b.present[j] })
 	b.mu.Unlock()
-	from, to := i-1, i+1
-	if sequential {
-		from, to = i+1, i+prefetchBlocks
-	}
 	for j := max(from, 0); j <= to && j < len(b.m.Blocks); j++ {
 		if j == i || b.m.Zero(j) {
 			continue
@@ -427,7 +420,30 @@ func (b *base) prefetchAfter(i int) {
 	}
 }
 
-// prefetchBlocks is how far ahead a sequential reader is fetched.
+// prefetchRange returns the blocks [from, to] (to be clipped to [0, n)) to
+// prefetch after a miss of block i of n, given which blocks are present:
+// for a reader that seems to go up through the base (block i-1 is present
+// and i+1 is not), the prefetchBlocks blocks after i; for one that goes
+// down (i+1 present, i-1 not: a restored guest touches its stacks and the
+// top of its heap from high addresses down), the prefetchBlocks blocks
+// before i; else, having jumped to block i, its two neighbours (stacks,
+// heap arenas and text span adjacent blocks, and are touched out of
+// order). Blocks in the range that are present are skipped by the caller.
+func prefetchRange(i, n int, present func(int) bool) (from, to int) {
+	below := i > 0 && present(i-1)
+	above := i+1 < n && present(i+1)
+	switch {
+	case below && !above:
+		return i + 1, i + prefetchBlocks
+	case above && !below:
+		return i - prefetchBlocks, i - 1
+	default:
+		return i - 1, i + 1
+	}
+}
+
+// prefetchBlocks is how far ahead of a sequential reader blocks are
+// fetched, in the direction it goes.
 const prefetchBlocks = 2
 
 // maxPrefetches bounds the prefetches in flight per base: a reader that

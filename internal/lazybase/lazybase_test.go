@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -279,4 +280,28 @@ func fetchesOf(fetches []Fetch, i int) int {
 		}
 	}
 	return n
+}
+
+func TestPrefetchRange(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		i, n     int
+		present  []int
+		from, to int
+	}{
+		{name: "jump to the middle", i: 5, n: 10, from: 4, to: 6},
+		{name: "going up", i: 5, n: 10, present: []int{4}, from: 6, to: 5 + prefetchBlocks},
+		{name: "going down", i: 5, n: 10, present: []int{6}, from: 5 - prefetchBlocks, to: 4},
+		{name: "filling a gap", i: 5, n: 10, present: []int{4, 6}, from: 4, to: 6},
+		{name: "first block", i: 0, n: 10, from: -1, to: 1},
+		{name: "first block, going down", i: 0, n: 10, present: []int{1}, from: -prefetchBlocks, to: -1},
+		{name: "last block, going up", i: 9, n: 10, present: []int{8}, from: 10, to: 9 + prefetchBlocks},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			from, to := prefetchRange(tc.i, tc.n, func(j int) bool { return slices.Contains(tc.present, j) })
+			if from != tc.from || to != tc.to {
+				t.Errorf("prefetchRange(%d, %d, present %v) = [%d, %d], want [%d, %d]", tc.i, tc.n, tc.present, from, to, tc.from, tc.to)
+			}
+		})
+	}
 }
