@@ -21,20 +21,90 @@ import (
 // the difference; nothing is left once the pool is closed.
 func TestWarmPoolRestore(t *testing.T) {
 	p := parkSource(t, 64)
-	dir := t.TempDir()
-	pool, err := warmpool.New(p.r, p.bundle, dir, "warm", 2)
+	pool, err := warmpool.New(p.r, p.bundle, t.TempDir(), "warm", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := false
-	defer func() {
-		if !closed {
-			pool.Close()
-		}
-	}()
+	defer pool.Close()
 
+	got := restoreFromPool(t, p, pool, 3)
+	checkPrivateMarks(t, p, got)
+	got = append(got, restoreAfterKill(t, p, pool))
+
+	// An image saved from another spec is refused, and the sandbox it was
+	// given is replaced.
+	other := startSource(t, "runsc", 32)
+	otherImage := filepath.Join(other.dir, "image")
+	other.park(t, otherImage, "--shared-base")
+	before := pool.Waiting()
+	if _, err := pool.Restore(otherImage); err == nil || !strings.Contains(err.Error(), `"Args" does not match`) {
+		t.Fatalf("restoring an image of another spec: %v; want runsc's refusal naming Args", err)
+	}
+	if err := pool.Fill(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if w := pool.Waiting(); len(w) != 2 || w[0] == before[0] {
+		t.Errorf("waiting after the refused restore: %v (before %v); want the used one replaced", w, before)
+	}
+
+	checkPoolClose(t, p, pool, got)
+}
+
+// TestWarmPoolRestoredClones keeps clones of one image restored with
+// `runsc restore --paused` (warmpool.NewRestored): a waiting clone prints
+// nothing and reports itself paused; Restore resumes it, and it continues
+// the tick with its heap intact and a private mark; the pool refills; a
+// killed waiting clone is replaced; another image is refused naming both;
+// Close leaves nothing behind.
+func TestWarmPoolRestoredClones(t *testing.T) {
+	p := parkSource(t, 64)
+	dir := t.TempDir()
+	pool, err := warmpool.NewRestored(p.r, p.bundle, p.image, dir, "paused", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	// Restored, not running: no output, and runsc reports it paused. (A
+	// clone that ran would print its first tick within 50 ms.)
+	waiting := pool.Waiting()
+	if len(waiting) != 2 {
+		t.Fatalf("%d clones waiting, want 2", len(waiting))
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, id := range waiting {
+		if !p.r.Paused(id) {
+			t.Errorf("waiting clone %s is not paused", id)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, id+".out")); err != nil || len(b) != 0 {
+			t.Errorf("waiting clone %s printed %q (%v) before it was resumed", id, b, err)
+		}
+	}
+
+	got := restoreFromPool(t, p, pool, 3)
+	checkPrivateMarks(t, p, got)
+	got = append(got, restoreAfterKill(t, p, pool))
+
+	// The pool is bound to its image: another one is refused, naming both,
+	// and no waiting clone is used up.
+	before := pool.Waiting()
+	other := filepath.Join(t.TempDir(), "other")
+	if _, err := pool.Restore(other); err == nil || !strings.Contains(err.Error(), p.image) || !strings.Contains(err.Error(), other) {
+		t.Fatalf("restoring another image from the pool: %v; want a refusal naming %s and %s", err, p.image, other)
+	}
+	if w := pool.Waiting(); !slices.Equal(w, before) {
+		t.Errorf("waiting after the refusal: %v, want %v", w, before)
+	}
+
+	checkPoolClose(t, p, pool, got)
+}
+
+// restoreFromPool restores n clones of p's image from pool, checking that
+// each continues the tick and that the pool refills after each.
+func restoreFromPool(t *testing.T, p *parked, pool *warmpool.Pool, n int) []warmpool.Sandbox {
+	t.Helper()
 	var got []warmpool.Sandbox
-	for i := 0; i < 3; i++ {
+	for i := 0; i < n; i++ {
 		s, err := pool.Restore(p.image)
 		if err != nil {
 			t.Fatal(err)
@@ -45,8 +115,15 @@ func TestWarmPoolRestore(t *testing.T) {
 			t.Fatalf("refilling after restore %d: %v", i, err)
 		}
 	}
+	return got
+}
+
+// checkPrivateMarks has every clone store a random mark and checks that no
+// two clones print the same one.
+func checkPrivateMarks(t *testing.T, p *parked, clones []warmpool.Sandbox) {
+	t.Helper()
 	marks := map[string]string{}
-	for _, s := range got {
+	for _, s := range clones {
 		p.send(t, s.ID, "mark")
 		tk, _ := waitTick(t, s.Out, 0, "a mark", func(tk sandbox.Tick) bool { return tk.Mark != "" && tk.Mark != "0" })
 		if other, dup := marks[tk.Mark]; dup {
@@ -54,9 +131,14 @@ func TestWarmPoolRestore(t *testing.T) {
 		}
 		marks[tk.Mark] = s.ID
 	}
+}
 
-	// A waiting sandbox killed while it waits is replaced, and the next
-	// restore uses a live one.
+// restoreAfterKill kills the sandbox of the oldest of pool's 2 waiting
+// sandboxes, restores a clone (which must come from a live one and continue
+// the tick), and checks that the pool refills to 2 live sandboxes without
+// the killed one.
+func restoreAfterKill(t *testing.T, p *parked, pool *warmpool.Pool) warmpool.Sandbox {
+	t.Helper()
 	waiting := pool.Waiting()
 	if len(waiting) != 2 {
 		t.Fatalf("%d sandboxes waiting, want 2", len(waiting))
@@ -76,38 +158,22 @@ func TestWarmPoolRestore(t *testing.T) {
 		t.Fatalf("restored into the killed sandbox %s", s.ID)
 	}
 	checkFirstTick(t, s.ID, s.Out, p.lastTick)
-	got = append(got, s)
 	if err := pool.Fill(time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if w := pool.Waiting(); slices.Contains(w, waiting[0]) || len(w) != 2 {
 		t.Errorf("waiting after the kill: %v; want 2 live sandboxes, not %s", w, waiting[0])
 	}
+	return s
+}
 
-	// An image saved from another spec is refused, and the sandbox it was
-	// given is replaced.
-	other := startSource(t, "runsc", 32)
-	otherImage := filepath.Join(other.dir, "image")
-	other.park(t, otherImage, "--shared-base")
-	before := pool.Waiting()
-	if _, err := pool.Restore(otherImage); err == nil || !strings.Contains(err.Error(), `"Args" does not match`) {
-		t.Fatalf("restoring an image of another spec: %v; want runsc's refusal naming Args", err)
-	}
-	if err := pool.Fill(time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if w := pool.Waiting(); len(w) != 2 || w[0] == before[0] {
-		t.Errorf("waiting after the refused restore: %v (before %v); want the used one replaced", w, before)
-	}
-
-	// Closing the pool destroys what waits; the clones handed out stay.
+// checkPoolClose closes pool and checks that what waited is gone and that
+// the clones handed out (got) remain.
+func checkPoolClose(t *testing.T, p *parked, pool *warmpool.Pool, got []warmpool.Sandbox) {
+	t.Helper()
 	left := pool.Waiting()
 	pool.Close()
-	closed = true
 	for _, id := range left {
-		if p.r.Waiting(id) {
-			t.Errorf("sandbox %s still waits after Close", id)
-		}
 		if _, err := p.r.Exec("state", id); err == nil {
 			t.Errorf("container %s still exists after Close", id)
 		}
@@ -135,109 +201,4 @@ func killAndReap(pid int) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("process %d still exists 2 s after SIGKILL", pid)
-}
-
-// TestWarmPoolRestoredClones keeps clones of one image restored with
-// `runsc restore --paused` (warmpool.NewRestored): a waiting clone prints
-// nothing and reports itself paused; Restore resumes it, and it continues
-// the tick with its heap intact and a private mark; the pool refills; a
-// killed waiting clone is replaced; another image is refused naming both;
-// Close leaves nothing behind.
-func TestWarmPoolRestoredClones(t *testing.T) {
-	p := parkSource(t, 64)
-	dir := t.TempDir()
-	pool, err := warmpool.NewRestored(p.r, p.bundle, p.image, dir, "paused", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	defer func() {
-		if !closed {
-			pool.Close()
-		}
-	}()
-
-	// Restored, not running: no output, and runsc reports it paused.
-	waiting := pool.Waiting()
-	if len(waiting) != 2 {
-		t.Fatalf("%d clones waiting, want 2", len(waiting))
-	}
-	time.Sleep(500 * time.Millisecond)
-	for _, id := range waiting {
-		if !p.r.Paused(id) {
-			t.Errorf("waiting clone %s is not paused", id)
-		}
-		if b, err := os.ReadFile(filepath.Join(dir, id+".out")); err != nil || len(b) != 0 {
-			t.Errorf("waiting clone %s printed %q (%v) before it was resumed", id, b, err)
-		}
-	}
-
-	var got []warmpool.Sandbox
-	for i := 0; i < 3; i++ {
-		s, err := pool.Restore(p.image)
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkFirstTick(t, s.ID, s.Out, p.lastTick)
-		got = append(got, s)
-		if err := pool.Fill(time.Minute); err != nil {
-			t.Fatalf("refilling after resume %d: %v", i, err)
-		}
-	}
-	marks := map[string]string{}
-	for _, s := range got {
-		p.send(t, s.ID, "mark")
-		tk, _ := waitTick(t, s.Out, 0, "a mark", func(tk sandbox.Tick) bool { return tk.Mark != "" && tk.Mark != "0" })
-		if other, dup := marks[tk.Mark]; dup {
-			t.Fatalf("clones %s and %s print the same mark %s", other, s.ID, tk.Mark)
-		}
-		marks[tk.Mark] = s.ID
-	}
-
-	// A waiting clone killed while it waits is replaced.
-	waiting = pool.Waiting()
-	pid, err := p.r.SandboxPID(waiting[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := killAndReap(pid); err != nil {
-		t.Fatal(err)
-	}
-	s, err := pool.Restore(p.image)
-	if err != nil {
-		t.Fatalf("resume after a waiting clone was killed: %v", err)
-	}
-	if s.ID == waiting[0] {
-		t.Fatalf("resumed the killed clone %s", s.ID)
-	}
-	checkFirstTick(t, s.ID, s.Out, p.lastTick)
-	got = append(got, s)
-
-	// The pool is bound to its image: another one is refused, naming both,
-	// and no waiting clone is used up.
-	if err := pool.Fill(time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	before := pool.Waiting()
-	other := filepath.Join(t.TempDir(), "other")
-	if _, err := pool.Restore(other); err == nil || !strings.Contains(err.Error(), p.image) || !strings.Contains(err.Error(), other) {
-		t.Fatalf("restoring another image from the pool: %v; want a refusal naming %s and %s", err, p.image, other)
-	}
-	if w := pool.Waiting(); !slices.Equal(w, before) {
-		t.Errorf("waiting after the refusal: %v, want %v", w, before)
-	}
-
-	left := pool.Waiting()
-	pool.Close()
-	closed = true
-	for _, id := range left {
-		if _, err := p.r.Exec("state", id); err == nil {
-			t.Errorf("container %s still exists after Close", id)
-		}
-	}
-	for _, s := range got {
-		if _, err := p.r.Exec("state", s.ID); err != nil {
-			t.Errorf("clone %s handed out before Close: %v", s.ID, err)
-		}
-	}
 }
