@@ -156,7 +156,8 @@ func lazyRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB in
 	out = append(out, lazy)
 	if logs := runtimeLogDir("lazy-b", rt); logs != "" {
 		// Keep the fetch log (when each block was fetched, and whether
-		// ahead of its readers) beside the node's runsc logs.
+		// lazyd started it ahead of any reader) beside the node's runsc
+		// logs; prefetches still in flight are not in it yet.
 		log, err := os.ReadFile(lazybase.FetchLogPath(nodeB.StorePath(), hex))
 		must(err)
 		must(os.WriteFile(filepath.Join(logs, "fetches.jsonl"), log, 0o644))

@@ -128,7 +128,31 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		must(err)
 		defer paused.Close()
 	}
+	// settle waits until every pool has refilled, so that no refill runs
+	// while the next measurement starts. (A pool refills once its request
+	// is served, so a refill still overlaps the first output of the clone
+	// it replaces.)
+	settle := func() {
+		must(pool.Fill(time.Minute))
+		if paused != nil {
+			must(paused.Fill(time.Minute))
+		}
+	}
+	// fromPool measures a restore from p, start → first output, and
+	// destroys the clone.
+	fromPool := func(p *warmpool.Pool, extra ...string) float64 {
+		settle()
+		start := time.Now()
+		s, err := p.Restore(image, extra...)
+		must(err)
+		_, err = sandbox.WaitFirstTick(s.Out, start)
+		must(err)
+		took := ms(time.Since(start))
+		r.Destroy(s.ID)
+		return took
+	}
 	for i := 0; i < n; i++ {
+		settle()
 		id := fmt.Sprintf("plain%d", i)
 		_, took, err := r.RestoreFirstTick(bundle, id, image, filepath.Join(base, id+".out"), rt.restoreArgs...)
 		must(err)
@@ -142,27 +166,10 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		res.CreateMs = append(res.CreateMs, ms(time.Since(start)))
 		r.Destroy(cid)
 
-		// The pool has refilled in the background since the last request.
-		must(pool.Fill(time.Minute))
-		start = time.Now()
-		s, err := pool.Restore(image, rt.restoreArgs...)
-		must(err)
-		_, err = sandbox.WaitFirstTick(s.Out, start)
-		must(err)
-		res.PrestartedMs = append(res.PrestartedMs, ms(time.Since(start)))
-		r.Destroy(s.ID)
-
-		if paused == nil {
-			continue
+		res.PrestartedMs = append(res.PrestartedMs, fromPool(pool, rt.restoreArgs...))
+		if paused != nil {
+			res.PrerestoredMs = append(res.PrerestoredMs, fromPool(paused))
 		}
-		must(paused.Fill(time.Minute))
-		start = time.Now()
-		s, err = paused.Restore(image)
-		must(err)
-		_, err = sandbox.WaitFirstTick(s.Out, start)
-		must(err)
-		res.PrerestoredMs = append(res.PrerestoredMs, ms(time.Since(start)))
-		r.Destroy(s.ID)
 	}
 }
 

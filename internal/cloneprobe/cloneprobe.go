@@ -65,10 +65,9 @@ type Options struct {
 	// Signal, if set, is the restore signal the bundle asks for (annotation
 	// dev.gvisor.restore-signal); the probe reseeds its PRNG on it.
 	Signal string
-	// Paused restores every clone with `runsc restore --paused` and
-	// resumes it after PausedFor, so that the contract is checked for
-	// clones that waited restored (warmpool.NewRestored).
-	Paused    bool
+	// PausedFor, if not zero, restores every clone with `runsc restore
+	// --paused` and resumes it after PausedFor, so that the contract is
+	// checked for clones that waited restored (warmpool.NewRestored).
 	PausedFor time.Duration
 }
 
@@ -136,13 +135,13 @@ func Run(o Options) (*Result, error) {
 
 	restore := func(id, image string, wantSignals int, flags ...string) (Sample, string, error) {
 		out := filepath.Join(o.Dir, id+".out")
-		if o.Paused {
+		if o.PausedFor > 0 {
 			flags = append([]string{"--paused"}, flags...)
 		}
 		if err := r.Restore(bundle, id, image, out, flags...); err != nil {
 			return Sample{}, "", err
 		}
-		if o.Paused {
+		if o.PausedFor > 0 {
 			time.Sleep(o.PausedFor)
 			if err := r.Resume(id); err != nil {
 				return Sample{}, "", err

@@ -101,7 +101,8 @@ type Fetch struct {
 	// Ms is how long the fetch took, from StartUnixMicro.
 	Ms             int64 `json:"ms"`
 	StartUnixMicro int64 `json:"start_unix_us"`
-	// Prefetch is true for a block fetched ahead of its readers.
+	// Prefetch is true for a fetch that lazyd started ahead of any reader
+	// (readers may have waited on it since).
 	Prefetch  bool   `json:"prefetch"`
 	Reference string `json:"reference"`
 }

@@ -422,20 +422,23 @@ func (b *base) prefetchAfter(i int) {
 
 // prefetchRange returns the blocks [from, to] (to be clipped to [0, n)) to
 // prefetch after a miss of block i of n, given which blocks are present:
-// for a reader that seems to go up through the base (block i-1 is present
-// and i+1 is not), the prefetchBlocks blocks after i; for one that goes
-// down (i+1 present, i-1 not: a restored guest touches its stacks and the
-// top of its heap from high addresses down), the prefetchBlocks blocks
-// before i; else, having jumped to block i, its two neighbours (stacks,
-// heap arenas and text span adjacent blocks, and are touched out of
-// order). Blocks in the range that are present are skipped by the caller.
+// for a reader that seems to go up through the base (block i-1 is
+// present), the prefetchBlocks blocks after i (after i+1 too, when i filled
+// a gap); for one that goes down (i+1 present, i-1 not: a restored guest
+// touches its stacks and the top of its heap from high addresses down), the
+// prefetchBlocks blocks before i; else, having jumped to block i, its two
+// neighbours (stacks, heap arenas and text span adjacent blocks, and are
+// touched out of order). Blocks in the range that are present are skipped
+// by the caller.
 func prefetchRange(i, n int, present func(int) bool) (from, to int) {
 	below := i > 0 && present(i-1)
 	above := i+1 < n && present(i+1)
 	switch {
-	case below && !above:
+	case below && above:
+		return i + 2, i + 1 + prefetchBlocks
+	case below:
 		return i + 1, i + prefetchBlocks
-	case above && !below:
+	case above:
 		return i - prefetchBlocks, i - 1
 	default:
 		return i - 1, i + 1

@@ -292,7 +292,7 @@ func TestPrefetchRange(t *testing.T) {
 		{name: "jump to the middle", i: 5, n: 10, from: 4, to: 6},
 		{name: "going up", i: 5, n: 10, present: []int{4}, from: 6, to: 5 + prefetchBlocks},
 		{name: "going down", i: 5, n: 10, present: []int{6}, from: 5 - prefetchBlocks, to: 4},
-		{name: "filling a gap", i: 5, n: 10, present: []int{4, 6}, from: 4, to: 6},
+		{name: "filling a gap", i: 5, n: 10, present: []int{4, 6}, from: 7, to: 6 + prefetchBlocks},
 		{name: "first block", i: 0, n: 10, from: -1, to: 1},
 		{name: "first block, going down", i: 0, n: 10, present: []int{1}, from: -prefetchBlocks, to: -1},
 		{name: "last block, going up", i: 9, n: 10, present: []int{8}, from: 10, to: 9 + prefetchBlocks},

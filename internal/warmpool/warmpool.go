@@ -25,9 +25,19 @@
 // kernel state decoded, its memory mapped or copied, its new identity and
 // restore signal given, its tasks not yet run), and Restore of that image
 // is `runsc resume`. What the image brings is then fixed at refill too, so
-// Restore of any other image is refused, naming both. A waiting clone holds
-// the memory a restored clone holds before it runs (with a shared base:
-// the pages of the base's write set it copied, and its share of the base).
+// Restore of any other image path is refused (ErrOtherImage), naming both;
+// the image must not change while the pool lives (the pool knows it by its
+// path, not its content). A waiting clone holds the memory a restored clone
+// holds before it runs (with a shared base: the pages of the base's write
+// set it copied, and its share of the base). The time a clone waits passes
+// on its clocks, as for `runsc pause`: timers that expired meanwhile fire
+// together when it is resumed.
+//
+// A pool refills once a request has been served (its `runsc restore` or
+// `runsc resume` returned), not when the request takes a sandbox, so that
+// the refill does not compete with the restore it replaces (it may still
+// overlap the clone's first moments); a burst of requests larger than the
+// pool creates the rest synchronously.
 package warmpool
 
 import (
@@ -35,11 +45,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
+
+// ErrOtherImage is the error of Restore from a pool of paused clones of
+// another image.
+var ErrOtherImage = errors.New("warmpool: the pool holds paused clones of another image")
 
 // Sandbox is a sandbox handed out by Restore; it belongs to the caller.
 type Sandbox struct {
@@ -99,7 +114,7 @@ func NewRestored(r *sandbox.Runsc, bundle, image, dir, prefix string, size int, 
 	if err != nil {
 		return nil, fmt.Errorf("warmpool: %w", err)
 	}
-	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, image: abs, restoreArgs: extra})
+	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, image: abs, restoreArgs: slices.Clone(extra)})
 }
 
 func newPool(p *Pool) (*Pool, error) {
@@ -173,25 +188,27 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 			return Sandbox{}, fmt.Errorf("warmpool: %w", err)
 		}
 		if abs != p.image {
-			return Sandbox{}, fmt.Errorf("warmpool: this pool holds paused clones of %s, not of %s", p.image, abs)
+			return Sandbox{}, fmt.Errorf("%w: %s, not %s", ErrOtherImage, p.image, abs)
 		}
 		if len(extra) != 0 {
 			return Sandbox{}, fmt.Errorf("warmpool: restore flags %q: a pool of paused clones takes its flags when it is made", extra)
 		}
 	}
 	s, err := p.take()
-	// Refill once this request is served, so that the refill's restore or
-	// create does not compete with it for the CPUs.
+	// Refill once this request is served (see the package comment).
 	defer p.kick()
 	if err != nil {
 		return Sandbox{}, err
 	}
 	if p.image != "" {
-		err = p.r.Resume(s.ID)
-	} else {
-		err = p.r.Restore(p.bundle, s.ID, image, s.Out, extra...)
+		if err := p.r.Resume(s.ID); err != nil {
+			p.r.Destroy(s.ID)
+			os.Remove(s.Out)
+			return Sandbox{}, fmt.Errorf("warmpool: resuming paused clone %s of %s: %w", s.ID, image, err)
+		}
+		return s, nil
 	}
-	if err != nil {
+	if err := p.r.Restore(p.bundle, s.ID, image, s.Out, extra...); err != nil {
 		p.r.Destroy(s.ID)
 		os.Remove(s.Out)
 		return Sandbox{}, fmt.Errorf("warmpool: restoring %s into waiting sandbox %s: %w", image, s.ID, err)

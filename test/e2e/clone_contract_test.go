@@ -20,13 +20,15 @@ func TestCloneContract(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		signal string
-		paused bool
+		// pausedFor, if not zero, restores the clones paused and resumes
+		// them after that long.
+		pausedFor time.Duration
 	}{
 		{name: "signal", signal: "USR2"},
 		{name: "nosignal"},
 		// Clones restored with --paused and resumed later: the same
-		// contract, the signal delivered once, at their first run.
-		{name: "signal,paused", signal: "USR2", paused: true},
+		// contract, the signal delivered exactly once.
+		{name: "signal,paused", signal: "USR2", pausedFor: 300 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -37,8 +39,7 @@ func TestCloneContract(t *testing.T) {
 				Clones:    4,
 				ParkFlags: []string{"--shared-base"},
 				Signal:    tc.signal,
-				Paused:    tc.paused,
-				PausedFor: 300 * time.Millisecond,
+				PausedFor: tc.pausedFor,
 			})
 			if err != nil {
 				t.Fatal(err)

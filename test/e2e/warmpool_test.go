@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -89,7 +90,7 @@ func TestWarmPoolRestoredClones(t *testing.T) {
 	// and no waiting clone is used up.
 	before := pool.Waiting()
 	other := filepath.Join(t.TempDir(), "other")
-	if _, err := pool.Restore(other); err == nil || !strings.Contains(err.Error(), p.image) || !strings.Contains(err.Error(), other) {
+	if _, err := pool.Restore(other); !errors.Is(err, warmpool.ErrOtherImage) || !strings.Contains(err.Error(), p.image) || !strings.Contains(err.Error(), other) {
 		t.Fatalf("restoring another image from the pool: %v; want a refusal naming %s and %s", err, p.image, other)
 	}
 	if w := pool.Waiting(); !slices.Equal(w, before) {
