@@ -160,6 +160,49 @@ func TestContainerdCheckpointRestore(t *testing.T) {
 	}
 }
 
+// TestContainerdRestorePaused restores a task from a checkpoint of a
+// container that asks for a paused restore (annotation
+// dev.forkvisor.restore.paused): containerd reports the restored task
+// PAUSED, and `ctr tasks resume` runs it with the parked heap and mark.
+func TestContainerdRestorePaused(t *testing.T) {
+	c := startContainerd(t)
+	ctr(t, c, append(append([]string{"run", "-d", "--annotation", "dev.forkvisor.restore.paused=true"}, c.RunArgs()...), tickImage, "src")...)
+	ctr(t, c, "tasks", "exec", "--exec-id", "mark", "src", "/workload", "-send", "mark")
+	var before sandbox.Tick
+	for i := 0; i < 50; i++ {
+		if before = dump(t, c, "src"); before.Mark != "0" {
+			break
+		}
+	}
+	if before.Mark == "0" {
+		t.Fatal("the mark did not take")
+	}
+	ctr(t, c, "containers", "checkpoint", "--task", "src", "forkvisor.local/checkpoint:paused")
+	ctr(t, c, "tasks", "kill", "-s", "KILL", "src")
+
+	ctr(t, c, "containers", "restore", "--live", "restored", "forkvisor.local/checkpoint:paused")
+	if got := taskStatus(t, c, "restored"); got != "PAUSED" {
+		t.Fatalf("task restored with %s=true: status %s, want PAUSED", "dev.forkvisor.restore.paused", got)
+	}
+	ctr(t, c, "tasks", "resume", "restored")
+	after := dump(t, c, "restored")
+	if after.Mark != before.Mark || after.N <= before.N || !after.OK {
+		t.Errorf("resumed task: %+v; want mark %s, tick after %d, heap ok", after, before.Mark, before.N)
+	}
+}
+
+// taskStatus returns the status that `ctr tasks ls` shows for task id.
+func taskStatus(t *testing.T, c *ctrd.Containerd, id string) string {
+	t.Helper()
+	for _, line := range strings.Split(ctr(t, c, "tasks", "ls"), "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == id {
+			return f[2]
+		}
+	}
+	t.Fatalf("no task %s in ctr tasks ls", id)
+	return ""
+}
+
 // TestContainerdSharedBaseClones parks a task through containerd with a
 // shared base (annotation dev.forkvisor.checkpoint.shared-base) and restores
 // 4 tasks from that one checkpoint: containerd's checkpoint holds only the
