@@ -181,10 +181,25 @@ type Stats struct {
 	Failures int64 `json:"failures"`
 }
 
+// Options configure a Server.
+type Options struct {
+	// StartBlocks is how many blocks of a base the fetcher prefetches as
+	// soon as it loads the base (on the first lookup of its directory,
+	// which `forkvisor-oci pull --lazy` makes through Announce), before any
+	// sandbox reads it: block 0 and the highest non-zero blocks (StartSet).
+	// 0 fetches nothing that no reader touched or passed.
+	StartBlocks int
+}
+
+// DefaultStartBlocks is lazyd's Options.StartBlocks: 16 MiB of a base,
+// fetched once per node.
+const DefaultStartBlocks = 8
+
 // Server is a running fetcher.
 type Server struct {
 	root       string
 	newFetcher NewFetcherFunc
+	opts       Options
 	fuse       *fuse.Server
 
 	mu    sync.Mutex
@@ -195,7 +210,7 @@ type Server struct {
 // Serve mounts the fetcher's filesystem at root/lazy (creating it) and
 // serves it until Unmount. It needs root (a direct mount with allow_other,
 // so that sandboxes of any user can read it).
-func Serve(root string, newFetcher NewFetcherFunc) (*Server, error) {
+func Serve(root string, newFetcher NewFetcherFunc, opts Options) (*Server, error) {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return nil, err
@@ -218,7 +233,10 @@ func Serve(root string, newFetcher NewFetcherFunc) (*Server, error) {
 	} else if mounted(mnt) {
 		return nil, fmt.Errorf("a lazy base fetcher already serves %s", mnt)
 	}
-	s := &Server{root: root, newFetcher: newFetcher, bases: map[string]*base{}}
+	if opts.StartBlocks < 0 {
+		return nil, fmt.Errorf("lazy base fetcher: %d start blocks", opts.StartBlocks)
+	}
+	s := &Server{root: root, newFetcher: newFetcher, opts: opts, bases: map[string]*base{}}
 	long := time.Hour
 	srv, err := fs.Mount(mnt, &rootNode{s: s}, &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -354,7 +372,57 @@ func (s *Server) loadBase(hex string) (*base, error) {
 	record, _ := json.Marshal(map[string]any{"version": 1, "length": m.Length, "sha256": hex, "image": baseName})
 	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}, prefetching: make(chan struct{}, maxPrefetches)}
 	s.bases[hex] = b
+	go b.prefetchStart(StartSet(m, s.opts.StartBlocks))
 	return b, nil
+}
+
+// StartSet returns up to n blocks of m that a restore of it touches first,
+// in the order to fetch them: block 0, then the highest non-zero blocks
+// from the top down; known-zero blocks are left out.
+//
+// Why those: gVisor's page allocator places a sandbox's memory top-down in
+// its memory file unless a mapping is faulted in ascending order
+// (mm.getAllocationDirection), so the allocations made first and kept
+// longest (the platform's shared regions, the guest's text, stacks and
+// runtime metadata) end up at the top of the file, which the base mirrors,
+// and a restored guest touches them before anything else. Ascending
+// mappings (a large heap filled in order) start at the bottom. The fetch
+// log of a 1 GiB clone's lazy restore (REPRODUCE.md §8b) shows exactly
+// that: block 0, then blocks 511 down to 505, then the heap in order. A
+// wrong guess costs the fetch of at most n blocks per node, once; what is
+// served is verified either way.
+func StartSet(m *blockmanifest.Manifest, n int) []int {
+	var set []int
+	if n > 0 && len(m.Blocks) > 0 && !m.Zero(0) {
+		set = append(set, 0)
+	}
+	for i := len(m.Blocks) - 1; i > 0 && len(set) < n; i-- {
+		if !m.Zero(i) {
+			set = append(set, i)
+		}
+	}
+	return set
+}
+
+// prefetchStart fetches the blocks of set, at most maxPrefetches at a time
+// together with the readers' prefetches (it waits for a token rather than
+// give up, since no reader will ask for these blocks before it needs them).
+func (b *base) prefetchStart(set []int) {
+	for _, i := range set {
+		b.prefetching <- struct{}{}
+		go func() {
+			defer func() { <-b.prefetching }()
+			b.load1(i, true)
+		}()
+	}
+}
+
+// Announce tells the fetcher serving the store at root, if one runs, that
+// base hex was registered, so that it loads the base and starts fetching
+// its start set (Options.StartBlocks) while the restore that will read it
+// is still starting. Without a running fetcher it does nothing.
+func Announce(root, hex string) {
+	_, _ = os.Stat(filepath.Join(root, MountDir, hex))
 }
 
 // readAt fills dest with the base's bytes at off, making sure first that

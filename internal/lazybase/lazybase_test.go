@@ -101,10 +101,15 @@ func registeredBase(t *testing.T) ([]byte, *blockmanifest.Manifest, *fakeRegistr
 
 func serve(t *testing.T, root string, reg *fakeRegistry) *Server {
 	t.Helper()
+	return serveWith(t, root, reg, Options{})
+}
+
+func serveWith(t *testing.T, root string, reg *fakeRegistry, opts Options) *Server {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		prereq.Missing(t, "mounting the lazy fetcher's FUSE filesystem needs root")
 	}
-	s, err := Serve(root, func(Source) (FetchFunc, error) { return reg.fetch, nil })
+	s, err := Serve(root, func(Source) (FetchFunc, error) { return reg.fetch, nil }, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,4 +309,65 @@ func TestPrefetchRange(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestStartSet(t *testing.T) {
+	_, m, _ := newBase(t) // blocks 2 and 3 are zero
+	for _, tc := range []struct {
+		n    int
+		want []int
+	}{
+		{n: 0, want: nil},
+		{n: 1, want: []int{0}},
+		{n: 3, want: []int{0, 5, 4}},
+		{n: 8, want: []int{0, 5, 4, 1}},
+	} {
+		if got := StartSet(m, tc.n); !slices.Equal(got, tc.want) {
+			t.Errorf("StartSet(%d) = %v, want %v", tc.n, got, tc.want)
+		}
+	}
+}
+
+func TestAnnounceFetchesTheStartSet(t *testing.T) {
+	data, m, reg, root := registeredBase(t)
+	s := serveWith(t, root, reg, Options{StartBlocks: 2})
+	hexRoot := m.Digest[len("sha256:"):]
+	Announce(root, hexRoot)
+	// Blocks 0 and 5 arrive without a read; nothing else does.
+	var fetches []Fetch
+	for deadline := time.Now().Add(10 * time.Second); len(fetches) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var err error
+		if fetches, err = Fetches(root, hexRoot); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	var got []int
+	for _, e := range fetches {
+		if !e.Prefetch {
+			t.Errorf("block %d fetched for a reader; none read", e.Block)
+		}
+		got = append(got, e.Block)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []int{0, 5}) {
+		t.Fatalf("announced base: fetched %v, want [0 5]", got)
+	}
+	// A reader of the top block is served from the node cache, and the
+	// start set is fetched once.
+	f, err := os.Open(Path(root, hexRoot))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	if _, err := f.ReadAt(buf, 5*blockmanifest.BlockSize); err != nil || !bytes.Equal(buf, data[5*blockmanifest.BlockSize:]) {
+		t.Fatalf("read of the last block: %v", err)
+	}
+	if st := s.Stats(); st.BlocksFetched != 2 {
+		t.Errorf("after reading a prefetched block: %d blocks fetched, want 2", st.BlocksFetched)
+	}
+	// Announcing a base that no fetcher knows, or with no fetcher, does
+	// nothing.
+	Announce(root, hex.EncodeToString(make([]byte, 32)))
+	Announce(t.TempDir(), hexRoot)
 }

@@ -84,6 +84,20 @@ func dump(t *testing.T, c *ctrd.Containerd, id string) sandbox.Tick {
 	}
 }
 
+// dumpAfter returns the first tick line of container id, written on request,
+// whose tick is after tick n: a clone holds its source's last dump file, and
+// a restored workload first sleeps out what was left of its interval, so an
+// early answer can be the source's.
+func dumpAfter(t *testing.T, c *ctrd.Containerd, id string, n int) sandbox.Tick {
+	t.Helper()
+	var tk sandbox.Tick
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if tk = dump(t, c, id); tk.N > n || time.Now().After(deadline) {
+			return tk
+		}
+	}
+}
+
 // TestContainerdLifecycle runs the fork's shim on a real containerd 1.7:
 // run with output and exit code, short-lived containers (10 of 10 report
 // their status), exec with exit code, pause/resume, ps, kill.
@@ -114,7 +128,7 @@ func TestContainerdLifecycle(t *testing.T) {
 		t.Errorf("after pause: %q", out)
 	}
 	ctr(t, c, "tasks", "resume", "long")
-	if later := dump(t, c, "long"); later.N <= first.N || !later.OK {
+	if later := dumpAfter(t, c, "long", first.N); later.N <= first.N || !later.OK {
 		t.Errorf("after resume: tick %d (was %d), ok=%t", later.N, first.N, later.OK)
 	}
 	ctr(t, c, "tasks", "kill", "-s", "KILL", "long")
@@ -154,7 +168,7 @@ func TestContainerdCheckpointRestore(t *testing.T) {
 	ctr(t, c, "tasks", "kill", "-s", "KILL", "src")
 
 	ctr(t, c, "containers", "restore", "--live", "restored", "forkvisor.local/checkpoint:src")
-	after := dump(t, c, "restored")
+	after := dumpAfter(t, c, "restored", before.N)
 	if after.Mark != before.Mark || after.N <= before.N || !after.OK {
 		t.Errorf("restored task: %+v; want mark %s, tick after %d, heap ok", after, before.Mark, before.N)
 	}
@@ -184,8 +198,22 @@ func TestContainerdRestorePaused(t *testing.T) {
 	if got := taskStatus(t, c, "restored"); got != "PAUSED" {
 		t.Fatalf("task restored with %s=true: status %s, want PAUSED", "dev.forkvisor.restore.paused", got)
 	}
+	// Before its first resume, a clone cannot be checkpointed (its
+	// post-restore work has not run; containerd's own checkpoint pauses
+	// the task first, so runsc is asked directly), and it can be killed.
+	img := filepath.Join(t.TempDir(), "unresumed")
+	if out, err := c.Runsc(binary(t, "runsc")).Exec("checkpoint", "--leave-running", "--image-path", img, "restored"); err == nil || !strings.Contains(out, "has not been resumed since: resume it first") {
+		t.Errorf("runsc checkpoint of a clone never resumed: %v: %s; want refused", err, out)
+	}
+	ctr(t, c, "containers", "restore", "--live", "unresumed", "forkvisor.local/checkpoint:paused")
+	ctr(t, c, "tasks", "kill", "-s", "KILL", "unresumed")
+	for deadline := time.Now().Add(10 * time.Second); taskStatus(t, c, "unresumed") != "STOPPED"; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("killed task that was never resumed: status %s, want STOPPED", taskStatus(t, c, "unresumed"))
+		}
+	}
 	ctr(t, c, "tasks", "resume", "restored")
-	after := dump(t, c, "restored")
+	after := dumpAfter(t, c, "restored", before.N)
 	if after.Mark != before.Mark || after.N <= before.N || !after.OK {
 		t.Errorf("resumed task: %+v; want mark %s, tick after %d, heap ok", after, before.Mark, before.N)
 	}
@@ -255,7 +283,7 @@ func TestContainerdSharedBaseClones(t *testing.T) {
 		ids = append(ids, id)
 	}
 	for _, id := range ids {
-		after := dump(t, c, id)
+		after := dumpAfter(t, c, id, before.N)
 		if after.Mark != before.Mark || after.N <= before.N || !after.OK {
 			t.Errorf("%s: %+v; want mark %s, tick after %d, heap ok", id, after, before.Mark, before.N)
 		}
