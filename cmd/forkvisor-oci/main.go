@@ -6,15 +6,13 @@
 //
 //	forkvisor-oci [--plain-http] [--base-store DIR] push IMAGE_DIR REF
 //	forkvisor-oci [--plain-http] [--base-store DIR] [--runsc BIN] [--lazy] pull REF IMAGE_DIR
-//	forkvisor-oci [--base-store DIR] [--start-blocks N] lazyd
+//	forkvisor-oci [--base-store DIR] lazyd
 //
 // With --lazy, pull fetches only the checkpoint files and the base's block
 // manifest, and registers the base with the node's lazy fetcher: lazyd, run
 // once per node (as root, for as long as sandboxes use its bases), serves it
 // in the store, fetching and verifying each block on its first touch
-// (package internal/lazybase). runsc restore finds it there. The fetcher
-// starts on a few blocks that restores touch first (--start-blocks, block 0
-// and the top of the base) as soon as pull registers the base.
+// (package internal/lazybase). runsc restore finds it there.
 //
 // Credentials come from the Docker configuration file. A progress bar is
 // shown on a terminal (stderr), nothing otherwise; the summary goes to
@@ -43,7 +41,6 @@ func main() {
 	plainHTTP := flag.Bool("plain-http", false, "talk HTTP instead of HTTPS to the registry (a registry on loopback)")
 	store := flag.String("base-store", "/var/lib/runsc/bases", "the node base store (runsc --base-store)")
 	runsc := flag.String("runsc", "", "the fork's runsc, which verifies and stores pulled bases (default: runsc beside this binary, else on PATH)")
-	startBlocks := flag.Int("start-blocks", lazybase.DefaultStartBlocks, "lazyd: blocks of a base fetched as soon as it is pulled, before a restore reads them (block 0 and the highest non-zero blocks, where a restored guest's first touches are); 0 fetches only what readers touch")
 	lazy := flag.Bool("lazy", false, "pull: leave a base that the store lacks to the node's lazy fetcher (lazyd), which fetches each block on its first touch")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage:\n  %[1]s [flags] push IMAGE_DIR REF\n  %[1]s [flags] pull REF IMAGE_DIR\n  %[1]s [flags] lazyd\nflags:\n", filepath.Base(os.Args[0]))
@@ -67,7 +64,7 @@ func main() {
 	case "pull":
 		err = pull(ctx, os.Stdout, flag.Arg(1), flag.Arg(2), ociartifact.BaseStore{Root: *store, Runsc: runscBinary(*runsc)}, opts)
 	case "lazyd":
-		err = serveLazy(ctx, stop, *store, *startBlocks)
+		err = serveLazy(ctx, stop, *store)
 	default:
 		flag.Usage()
 		os.Exit(2)
@@ -118,11 +115,11 @@ func pull(ctx context.Context, w io.Writer, ref, imageDir string, store ociartif
 // done (SIGINT or SIGTERM), then unmounts it; stop restores the signals'
 // default action, so that a second signal ends a fetcher that waits for
 // sandboxes to let go of its mount.
-func serveLazy(ctx context.Context, stop func(), root string, startBlocks int) error {
+func serveLazy(ctx context.Context, stop func(), root string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the lazy fetcher mounts a filesystem in %s: run it as root", root)
 	}
-	srv, err := lazybase.Serve(root, ociartifact.BlockFetcher, lazybase.Options{StartBlocks: startBlocks})
+	srv, err := lazybase.Serve(root, ociartifact.BlockFetcher)
 	if err != nil {
 		return err
 	}

@@ -16,8 +16,10 @@
 // to the cache file, and only then are its bytes returned. Known-zero blocks
 // are never fetched. A block is fetched once per node however many readers
 // ask for it at once (one fetch per block in flight, the others wait for
-// it), and a block found in the cache file (after the fetcher restarts) is
-// hashed again before it is trusted. A block that cannot be fetched or does
+// it), and a block found in the cache file (after the fetcher restarts, or
+// once the page cache dropped it) is hashed again before it is trusted; the
+// last few blocks verified stay in memory for the rest of their reads
+// (recentBlocks). A block that cannot be fetched or does
 // not match fails the read with EIO and a log line naming the block, the
 // base and the reference; its bytes never reach a reader.
 //
@@ -41,6 +43,7 @@ package lazybase
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -181,36 +184,88 @@ type Stats struct {
 	Failures int64 `json:"failures"`
 }
 
-// Options configure a Server.
-type Options struct {
-	// StartBlocks is how many blocks of a base the fetcher prefetches as
-	// soon as it loads the base (on the first lookup of its directory,
-	// which `forkvisor-oci pull --lazy` makes through Announce), before any
-	// sandbox reads it: block 0 and the highest non-zero blocks (StartSet).
-	// 0 fetches nothing that no reader touched or passed.
-	StartBlocks int
-}
-
-// DefaultStartBlocks is lazyd's Options.StartBlocks: 16 MiB of a base,
-// fetched once per node.
-const DefaultStartBlocks = 8
-
 // Server is a running fetcher.
 type Server struct {
 	root       string
 	newFetcher NewFetcherFunc
-	opts       Options
 	fuse       *fuse.Server
+
+	// recent holds the blocks most recently verified, of every base.
+	recent recentBlocks
 
 	mu    sync.Mutex
 	bases map[string]*base // by hex digest; protected by mu
 	stats Stats            // protected by mu
 }
 
+// recentBlocks keeps the last recentCapacity blocks that a Server fetched
+// or read back from its cache file, verified. The kernel reads a block in
+// several requests (1 MiB at most per FUSE read), and the cache file's
+// copy of a block leaves the page cache once written back (load): without
+// this, every request after the first would read the block back from disk
+// and hash it again, which doubled the cost of a first touch.
+//
+// Invariant: an entry's bytes matched the block manifest when they were
+// put, and are never written to afterwards (readers copy out of them).
+type recentBlocks struct {
+	mu sync.Mutex
+	// order lists the entries (*recentBlock), the most recent first;
+	// protected by mu.
+	order list.List
+	// byKey indexes order; protected by mu.
+	byKey map[recentKey]*list.Element
+}
+
+// recentKey names block i of base hex.
+type recentKey struct {
+	hex string
+	i   int
+}
+
+type recentBlock struct {
+	key  recentKey
+	data []byte
+}
+
+// recentCapacity bounds recentBlocks: 32 MiB.
+const recentCapacity = 16
+
+// get returns the bytes of block k if they are kept.
+func (r *recentBlocks) get(k recentKey) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byKey[k]
+	if !ok {
+		return nil
+	}
+	r.order.MoveToFront(e)
+	return e.Value.(*recentBlock).data
+}
+
+// put keeps data, verified, as block k, dropping the least recent block
+// beyond recentCapacity.
+func (r *recentBlocks) put(k recentKey, data []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byKey == nil {
+		r.byKey = map[recentKey]*list.Element{}
+	}
+	if e, ok := r.byKey[k]; ok {
+		r.order.MoveToFront(e)
+		return
+	}
+	r.byKey[k] = r.order.PushFront(&recentBlock{key: k, data: data})
+	for r.order.Len() > recentCapacity {
+		last := r.order.Back()
+		delete(r.byKey, last.Value.(*recentBlock).key)
+		r.order.Remove(last)
+	}
+}
+
 // Serve mounts the fetcher's filesystem at root/lazy (creating it) and
 // serves it until Unmount. It needs root (a direct mount with allow_other,
 // so that sandboxes of any user can read it).
-func Serve(root string, newFetcher NewFetcherFunc, opts Options) (*Server, error) {
+func Serve(root string, newFetcher NewFetcherFunc) (*Server, error) {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return nil, err
@@ -233,10 +288,7 @@ func Serve(root string, newFetcher NewFetcherFunc, opts Options) (*Server, error
 	} else if mounted(mnt) {
 		return nil, fmt.Errorf("a lazy base fetcher already serves %s", mnt)
 	}
-	if opts.StartBlocks < 0 {
-		return nil, fmt.Errorf("lazy base fetcher: %d start blocks", opts.StartBlocks)
-	}
-	s := &Server{root: root, newFetcher: newFetcher, opts: opts, bases: map[string]*base{}}
+	s := &Server{root: root, newFetcher: newFetcher, bases: map[string]*base{}}
 	long := time.Hour
 	srv, err := fs.Mount(mnt, &rootNode{s: s}, &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -372,57 +424,7 @@ func (s *Server) loadBase(hex string) (*base, error) {
 	record, _ := json.Marshal(map[string]any{"version": 1, "length": m.Length, "sha256": hex, "image": baseName})
 	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}, prefetching: make(chan struct{}, maxPrefetches)}
 	s.bases[hex] = b
-	go b.prefetchStart(StartSet(m, s.opts.StartBlocks))
 	return b, nil
-}
-
-// StartSet returns up to n blocks of m that a restore of it touches first,
-// in the order to fetch them: block 0, then the highest non-zero blocks
-// from the top down; known-zero blocks are left out.
-//
-// Why those: gVisor's page allocator places a sandbox's memory top-down in
-// its memory file unless a mapping is faulted in ascending order
-// (mm.getAllocationDirection), so the allocations made first and kept
-// longest (the platform's shared regions, the guest's text, stacks and
-// runtime metadata) end up at the top of the file, which the base mirrors,
-// and a restored guest touches them before anything else. Ascending
-// mappings (a large heap filled in order) start at the bottom. The fetch
-// log of a 1 GiB clone's lazy restore (REPRODUCE.md §8b) shows exactly
-// that: block 0, then blocks 511 down to 505, then the heap in order. A
-// wrong guess costs the fetch of at most n blocks per node, once; what is
-// served is verified either way.
-func StartSet(m *blockmanifest.Manifest, n int) []int {
-	var set []int
-	if n > 0 && len(m.Blocks) > 0 && !m.Zero(0) {
-		set = append(set, 0)
-	}
-	for i := len(m.Blocks) - 1; i > 0 && len(set) < n; i-- {
-		if !m.Zero(i) {
-			set = append(set, i)
-		}
-	}
-	return set
-}
-
-// prefetchStart fetches the blocks of set, at most maxPrefetches at a time
-// together with the readers' prefetches (it waits for a token rather than
-// give up, since no reader will ask for these blocks before it needs them).
-func (b *base) prefetchStart(set []int) {
-	for _, i := range set {
-		b.prefetching <- struct{}{}
-		go func() {
-			defer func() { <-b.prefetching }()
-			b.load1(i, true)
-		}()
-	}
-}
-
-// Announce tells the fetcher serving the store at root, if one runs, that
-// base hex was registered, so that it loads the base and starts fetching
-// its start set (Options.StartBlocks) while the restore that will read it
-// is still starting. Without a running fetcher it does nothing.
-func Announce(root, hex string) {
-	_, _ = os.Stat(filepath.Join(root, MountDir, hex))
 }
 
 // readAt fills dest with the base's bytes at off, making sure first that
@@ -594,9 +596,14 @@ const failureBackoff = 2 * time.Second
 func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	off, n := b.m.Range(i)
 	want := b.m.Blocks[i]
+	key := recentKey{b.hex, i}
+	if block := b.s.recent.get(key); block != nil {
+		return block, false, nil
+	}
 	if b.cached(int64(off), int64(n)) {
 		block := make([]byte, n)
 		if _, err := b.cache.ReadAt(block, int64(off)); err == nil && sumOf(block) == want {
+			b.s.recent.put(key, block)
 			b.mu.Lock()
 			known := b.present[i]
 			b.mu.Unlock()
@@ -626,6 +633,7 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	if _, err := b.cache.WriteAt(data, int64(off)); err != nil {
 		return nil, false, fmt.Errorf("writing block %d of base sha256:%s to the node cache %s: %w", i, b.hex, b.cache.Name(), err)
 	}
+	b.s.recent.put(key, data)
 	// The sandboxes read the block through the FUSE file's page cache; do
 	// not keep a second copy in the cache file's once it is written back.
 	// The readers do not wait for that: the page cache serves the block

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/prereq"
 )
@@ -101,15 +103,10 @@ func registeredBase(t *testing.T) ([]byte, *blockmanifest.Manifest, *fakeRegistr
 
 func serve(t *testing.T, root string, reg *fakeRegistry) *Server {
 	t.Helper()
-	return serveWith(t, root, reg, Options{})
-}
-
-func serveWith(t *testing.T, root string, reg *fakeRegistry, opts Options) *Server {
-	t.Helper()
 	if os.Geteuid() != 0 {
 		prereq.Missing(t, "mounting the lazy fetcher's FUSE filesystem needs root")
 	}
-	s, err := Serve(root, func(Source) (FetchFunc, error) { return reg.fetch, nil }, opts)
+	s, err := Serve(root, func(Source) (FetchFunc, error) { return reg.fetch, nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,63 +308,61 @@ func TestPrefetchRange(t *testing.T) {
 	}
 }
 
-func TestStartSet(t *testing.T) {
-	_, m, _ := newBase(t) // blocks 2 and 3 are zero
-	for _, tc := range []struct {
-		n    int
-		want []int
-	}{
-		{n: 0, want: nil},
-		{n: 1, want: []int{0}},
-		{n: 3, want: []int{0, 5, 4}},
-		{n: 8, want: []int{0, 5, 4, 1}},
-	} {
-		if got := StartSet(m, tc.n); !slices.Equal(got, tc.want) {
-			t.Errorf("StartSet(%d) = %v, want %v", tc.n, got, tc.want)
-		}
-	}
-}
-
-func TestAnnounceFetchesTheStartSet(t *testing.T) {
+func TestRecentBlocksServeTheRestOfABlock(t *testing.T) {
 	data, m, reg, root := registeredBase(t)
-	s := serveWith(t, root, reg, Options{StartBlocks: 2})
+	serve(t, root, reg)
 	hexRoot := m.Digest[len("sha256:"):]
-	Announce(root, hexRoot)
-	// Blocks 0 and 5 arrive without a read; nothing else does.
-	var fetches []Fetch
-	for deadline := time.Now().Add(10 * time.Second); len(fetches) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		var err error
-		if fetches, err = Fetches(root, hexRoot); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.Fatal(err)
-		}
-	}
-	var got []int
-	for _, e := range fetches {
-		if !e.Prefetch {
-			t.Errorf("block %d fetched for a reader; none read", e.Block)
-		}
-		got = append(got, e.Block)
-	}
-	slices.Sort(got)
-	if !slices.Equal(got, []int{0, 5}) {
-		t.Fatalf("announced base: fetched %v, want [0 5]", got)
-	}
-	// A reader of the top block is served from the node cache, and the
-	// start set is fetched once.
 	f, err := os.Open(Path(root, hexRoot))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	buf := make([]byte, 64<<10)
-	if _, err := f.ReadAt(buf, 5*blockmanifest.BlockSize); err != nil || !bytes.Equal(buf, data[5*blockmanifest.BlockSize:]) {
-		t.Fatalf("read of the last block: %v", err)
+	// No readahead: each read below asks the fetcher for its own pages.
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
+		t.Fatal(err)
 	}
-	if st := s.Stats(); st.BlocksFetched != 2 {
-		t.Errorf("after reading a prefetched block: %d blocks fetched, want 2", st.BlocksFetched)
+	buf := make([]byte, 4096)
+	if _, err := f.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, data[:4096]) {
+		t.Fatalf("read of block 0: %v", err)
 	}
-	// Announcing a base that no fetcher knows, or with no fetcher, does
-	// nothing.
-	Announce(root, hex.EncodeToString(make([]byte, 32)))
-	Announce(t.TempDir(), hexRoot)
+	// The cache file's copy of block 0 is damaged after the fetch: the
+	// rest of the block is still served, from the verified copy in
+	// memory, without another fetch.
+	cf, err := os.OpenFile(filepath.Join(root, CacheDir, hexRoot, blocksName), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cf.WriteAt([]byte{^data[blockmanifest.BlockSize-100]}, blockmanifest.BlockSize-100); err != nil {
+		t.Fatal(err)
+	}
+	cf.Close()
+	tail := make([]byte, 4096)
+	if _, err := f.ReadAt(tail, blockmanifest.BlockSize-4096); err != nil || !bytes.Equal(tail, data[blockmanifest.BlockSize-4096:blockmanifest.BlockSize]) {
+		t.Fatalf("read of the end of block 0: %v", err)
+	}
+	// (Blocks 0, 1 and 4 have one digest: count block 0's fetches in the
+	// fetch log, which the read above waited for.)
+	fetches, err := Fetches(root, hexRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fetchesOf(fetches, 0); n != 1 {
+		t.Errorf("block 0 fetched %d times, want 1 (fetch log %+v)", n, fetches)
+	}
+}
+
+func TestRecentBlocksBounded(t *testing.T) {
+	var r recentBlocks
+	for i := 0; i <= recentCapacity; i++ {
+		r.put(recentKey{"a", i}, []byte{byte(i)})
+	}
+	if r.get(recentKey{"a", 0}) != nil {
+		t.Errorf("the least recent block was kept beyond %d", recentCapacity)
+	}
+	if got := r.get(recentKey{"a", recentCapacity}); len(got) != 1 || got[0] != recentCapacity {
+		t.Errorf("the most recent block: %v", got)
+	}
+	if r.get(recentKey{"b", 1}) != nil {
+		t.Errorf("a block of another base was served")
+	}
 }

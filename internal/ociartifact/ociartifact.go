@@ -555,9 +555,6 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 			if err := lazybase.Register(store.Root, m, src); err != nil {
 				return nil, fmt.Errorf("%s: %w", ref, err)
 			}
-			// The node's fetcher starts on the blocks every restore
-			// touches first while the rest of the pull finishes.
-			lazybase.Announce(store.Root, d.SHA256)
 			res.BaseLazy = true
 		} else if err := pullBase(ctx, repo, ref, m, d, store, opts, res); err != nil {
 			return nil, err
