@@ -147,23 +147,29 @@ func TestContainerdLifecycle(t *testing.T) {
 	ctr(t, c, "containers", "rm", "long")
 }
 
+// runMarked runs image as task "src" with the given extra ctr run flags,
+// has its workload take a random mark, and returns the first tick line that
+// shows the mark.
+func runMarked(t *testing.T, c *ctrd.Containerd, image string, runFlags ...string) sandbox.Tick {
+	t.Helper()
+	ctr(t, c, append(append(append([]string{"run", "-d"}, runFlags...), c.RunArgs()...), image, "src")...)
+	ctr(t, c, "tasks", "exec", "--exec-id", "mark", "src", "/workload", "-send", "mark")
+	for i := 0; i < 50; i++ {
+		if tk := dump(t, c, "src"); tk.Mark != "0" {
+			return tk
+		}
+	}
+	t.Fatal("the mark did not take")
+	return sandbox.Tick{}
+}
+
 // TestContainerdCheckpointRestore checkpoints a task through containerd
 // (ctr containers checkpoint --task) and starts a new container from it
 // (ctr containers restore --live): the workload's tick counter continues and
 // its memory (a random mark) is intact.
 func TestContainerdCheckpointRestore(t *testing.T) {
 	c := startContainerd(t)
-	ctr(t, c, append(append([]string{"run", "-d"}, c.RunArgs()...), tickImage, "src")...)
-	ctr(t, c, "tasks", "exec", "--exec-id", "mark", "src", "/workload", "-send", "mark")
-	var before sandbox.Tick
-	for i := 0; i < 50; i++ {
-		if before = dump(t, c, "src"); before.Mark != "0" {
-			break
-		}
-	}
-	if before.Mark == "0" {
-		t.Fatal("the mark did not take")
-	}
+	before := runMarked(t, c, tickImage)
 	ctr(t, c, "containers", "checkpoint", "--task", "src", "forkvisor.local/checkpoint:src")
 	ctr(t, c, "tasks", "kill", "-s", "KILL", "src")
 
@@ -180,17 +186,7 @@ func TestContainerdCheckpointRestore(t *testing.T) {
 // PAUSED, and `ctr tasks resume` runs it with the parked heap and mark.
 func TestContainerdRestorePaused(t *testing.T) {
 	c := startContainerd(t)
-	ctr(t, c, append(append([]string{"run", "-d", "--annotation", "dev.forkvisor.restore.paused=true"}, c.RunArgs()...), tickImage, "src")...)
-	ctr(t, c, "tasks", "exec", "--exec-id", "mark", "src", "/workload", "-send", "mark")
-	var before sandbox.Tick
-	for i := 0; i < 50; i++ {
-		if before = dump(t, c, "src"); before.Mark != "0" {
-			break
-		}
-	}
-	if before.Mark == "0" {
-		t.Fatal("the mark did not take")
-	}
+	before := runMarked(t, c, tickImage, "--annotation", "dev.forkvisor.restore.paused=true")
 	ctr(t, c, "containers", "checkpoint", "--task", "src", "forkvisor.local/checkpoint:paused")
 	ctr(t, c, "tasks", "kill", "-s", "KILL", "src")
 
@@ -250,14 +246,7 @@ func TestContainerdSharedBaseClones(t *testing.T) {
 	}
 	f.Close()
 	ctr(t, c, "images", "import", tarball)
-	ctr(t, c, append(append([]string{"run", "-d", "--annotation", "dev.forkvisor.checkpoint.shared-base=true"}, c.RunArgs()...), image, "src")...)
-	ctr(t, c, "tasks", "exec", "--exec-id", "mark", "src", "/workload", "-send", "mark")
-	var before sandbox.Tick
-	for i := 0; i < 50; i++ {
-		if before = dump(t, c, "src"); before.Mark != "0" {
-			break
-		}
-	}
+	before := runMarked(t, c, image, "--annotation", "dev.forkvisor.checkpoint.shared-base=true")
 	contentBefore, err := c.ContentBytes()
 	if err != nil {
 		t.Fatal(err)
