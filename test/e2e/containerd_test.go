@@ -68,9 +68,13 @@ func ctr(t *testing.T, c *ctrd.Containerd, args ...string) string {
 // dump returns the tick line that container id writes on request.
 func dump(t *testing.T, c *ctrd.Containerd, id string) sandbox.Tick {
 	t.Helper()
-	ctr(t, c, "tasks", "exec", "--exec-id", fmt.Sprintf("send%d", time.Now().UnixNano()), id, "/workload", "-send", "dump")
 	deadline := time.Now().Add(10 * time.Second)
-	for {
+	for i := 0; ; i++ {
+		if i%10 == 0 {
+			// (Again every second: a command sent before the workload
+			// read the previous one replaces it.)
+			ctr(t, c, "tasks", "exec", "--exec-id", fmt.Sprintf("send%d", time.Now().UnixNano()), id, "/workload", "-send", "dump")
+		}
 		out, err := c.Ctr("tasks", "exec", "--exec-id", fmt.Sprintf("cat%d", time.Now().UnixNano()), id, "/workload", "-cat", "/tmp/dump")
 		if err == nil {
 			if tk, err := sandbox.ParseTick(strings.TrimSpace(out)); err == nil {
@@ -153,8 +157,11 @@ func TestContainerdLifecycle(t *testing.T) {
 func runMarked(t *testing.T, c *ctrd.Containerd, image string, runFlags ...string) sandbox.Tick {
 	t.Helper()
 	ctr(t, c, append(append(append([]string{"run", "-d"}, runFlags...), c.RunArgs()...), image, "src")...)
-	ctr(t, c, "tasks", "exec", "--exec-id", "mark", "src", "/workload", "-send", "mark")
 	for i := 0; i < 50; i++ {
+		// A command sent before the workload read the previous one
+		// replaces it: send the mark again until it shows.
+		ctr(t, c, "tasks", "exec", "--exec-id", fmt.Sprintf("mark%d", i), "src", "/workload", "-send", "mark")
+		time.Sleep(100 * time.Millisecond)
 		if tk := dump(t, c, "src"); tk.Mark != "0" {
 			return tk
 		}

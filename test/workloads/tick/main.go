@@ -154,8 +154,9 @@ func main() {
 	bad := false
 	dump := false
 	for tick := 0; ; tick++ {
-		if cmd, err := os.ReadFile(*ctl); err == nil {
-			os.Remove(*ctl)
+		// Take the command file by renaming it, so that a command sent
+		// while this one is read is not removed with it.
+		if cmd, err := takeFile(*ctl); err == nil {
 			switch strings.TrimSpace(string(cmd)) {
 			case "mark":
 				var b [8]byte
@@ -336,4 +337,14 @@ func markMergeable(heap []uint64) error {
 	}
 	b := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(&heap[0]), first-start)), last-first)
 	return unix.Madvise(b, unix.MADV_MERGEABLE)
+}
+
+// takeFile renames path aside, then returns its content and removes it.
+func takeFile(path string) ([]byte, error) {
+	taken := path + ".taken"
+	if err := os.Rename(path, taken); err != nil {
+		return nil, err
+	}
+	defer os.Remove(taken)
+	return os.ReadFile(taken)
 }
