@@ -182,6 +182,10 @@ type Stats struct {
 	BlocksVerifiedLocal int64 `json:"blocks_verified_local"`
 	// Failures counts blocks that could not be fetched or did not match.
 	Failures int64 `json:"failures"`
+	// BlocksFromMemory counts loads served from the blocks kept in memory
+	// (recentBlocks): the rest of a block that the kernel reads in several
+	// requests.
+	BlocksFromMemory int64 `json:"blocks_from_memory"`
 }
 
 // Server is a running fetcher.
@@ -598,6 +602,9 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	want := b.m.Blocks[i]
 	key := recentKey{b.hex, i}
 	if block := b.s.recent.get(key); block != nil {
+		b.s.mu.Lock()
+		b.s.stats.BlocksFromMemory++
+		b.s.mu.Unlock()
 		return block, false, nil
 	}
 	if b.cached(int64(off), int64(n)) {

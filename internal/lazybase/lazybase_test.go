@@ -310,7 +310,7 @@ func TestPrefetchRange(t *testing.T) {
 
 func TestRecentBlocksServeTheRestOfABlock(t *testing.T) {
 	data, m, reg, root := registeredBase(t)
-	serve(t, root, reg)
+	s := serve(t, root, reg)
 	hexRoot := m.Digest[len("sha256:"):]
 	f, err := os.Open(Path(root, hexRoot))
 	if err != nil {
@@ -349,6 +349,11 @@ func TestRecentBlocksServeTheRestOfABlock(t *testing.T) {
 	if n := fetchesOf(fetches, 0); n != 1 {
 		t.Errorf("block 0 fetched %d times, want 1 (fetch log %+v)", n, fetches)
 	}
+	// The tail was read through the fetcher (not from the kernel's page
+	// cache), and served from memory.
+	if st := s.Stats(); st.BlocksFromMemory == 0 {
+		t.Errorf("the read of the end of block 0 was not served from memory: %+v", st)
+	}
 }
 
 func TestRecentBlocksBounded(t *testing.T) {
@@ -364,5 +369,18 @@ func TestRecentBlocksBounded(t *testing.T) {
 	}
 	if r.get(recentKey{"b", 1}) != nil {
 		t.Errorf("a block of another base was served")
+	}
+	// A block that was read is kept over one that was not, and putting a
+	// kept block again does not add an entry.
+	var lru recentBlocks
+	for i := 0; i < recentCapacity; i++ {
+		lru.put(recentKey{"a", i}, []byte{byte(i)})
+	}
+	lru.get(recentKey{"a", 0})
+	lru.put(recentKey{"a", 5}, []byte{5})
+	lru.put(recentKey{"a", recentCapacity}, []byte{recentCapacity})
+	if lru.get(recentKey{"a", 0}) == nil || lru.get(recentKey{"a", 1}) != nil || lru.order.Len() != recentCapacity {
+		t.Errorf("after reading block 0 and adding one: block 0 kept %t, block 1 kept %t, %d entries; want true, false, %d",
+			lru.get(recentKey{"a", 0}) != nil, lru.get(recentKey{"a", 1}) != nil, lru.order.Len(), recentCapacity)
 	}
 }

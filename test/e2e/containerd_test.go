@@ -65,26 +65,38 @@ func ctr(t *testing.T, c *ctrd.Containerd, args ...string) string {
 	return out
 }
 
-// dump returns the tick line that container id writes on request.
+// dump returns a tick line that container id writes on request after this
+// call started: one whose tick is after that of the dump file already there
+// (a clone starts with its source's, and a request of an earlier call may
+// still be pending). The request is sent again every second, since a
+// command sent before the workload read the previous one replaces it.
 func dump(t *testing.T, c *ctrd.Containerd, id string) sandbox.Tick {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for i := 0; ; i++ {
-		if i%10 == 0 {
-			// (Again every second: a command sent before the workload
-			// read the previous one replaces it.)
-			ctr(t, c, "tasks", "exec", "--exec-id", fmt.Sprintf("send%d", time.Now().UnixNano()), id, "/workload", "-send", "dump")
-		}
+	cat := func() (sandbox.Tick, string, error) {
 		out, err := c.Ctr("tasks", "exec", "--exec-id", fmt.Sprintf("cat%d", time.Now().UnixNano()), id, "/workload", "-cat", "/tmp/dump")
-		if err == nil {
-			if tk, err := sandbox.ParseTick(strings.TrimSpace(out)); err == nil {
-				return tk
-			}
+		if err != nil {
+			return sandbox.Tick{}, out, err
+		}
+		tk, err := sandbox.ParseTick(strings.TrimSpace(out))
+		return tk, out, err
+	}
+	prev := -1
+	if tk, _, err := cat(); err == nil {
+		prev = tk.N
+	}
+	var sent time.Time
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if time.Since(sent) >= time.Second {
+			ctr(t, c, "tasks", "exec", "--exec-id", fmt.Sprintf("send%d", time.Now().UnixNano()), id, "/workload", "-send", "dump")
+			sent = time.Now()
+		}
+		tk, out, err := cat()
+		if err == nil && tk.N > prev {
+			return tk
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no dump from %s: %v: %s", id, err, out)
+			t.Fatalf("no new dump from %s (the last seen: tick %d): %v: %s", id, prev, err, out)
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -209,6 +221,9 @@ func TestContainerdRestorePaused(t *testing.T) {
 		t.Errorf("runsc checkpoint of a clone never resumed: %v: %s; want refused", err, out)
 	}
 	ctr(t, c, "containers", "restore", "--live", "unresumed", "forkvisor.local/checkpoint:paused")
+	if got := taskStatus(t, c, "unresumed"); got != "PAUSED" {
+		t.Fatalf("second clone: status %s, want PAUSED", got)
+	}
 	ctr(t, c, "tasks", "kill", "-s", "KILL", "unresumed")
 	for deadline := time.Now().Add(10 * time.Second); taskStatus(t, c, "unresumed") != "STOPPED"; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {

@@ -123,10 +123,13 @@ async def run(state, args, interval):
     dump = False
     tick = 0
     while True:
+        # Take the command file by renaming it, so that a command sent while
+        # this one is read is not removed with it.
         try:
-            with open(args.ctl) as f:
+            os.rename(args.ctl, args.ctl + ".taken")
+            with open(args.ctl + ".taken") as f:
                 cmd = f.read().strip()
-            os.remove(args.ctl)
+            os.remove(args.ctl + ".taken")
         except FileNotFoundError:
             cmd = None
         if cmd == "mark":
