@@ -536,7 +536,7 @@ func (b *base) ensure(i int) ([]byte, bool, error) {
 // load1 returns block i, verified, and whether it was fetched from the
 // registry for this call (rather than found in the node cache). Concurrent
 // callers for one block share one load. A block whose load failed less
-// than failureBackoff ago fails again at once, without another attempt: a
+// than FailureBackoff ago fails again at once, without another attempt: a
 // reader retries a failed access (the kernel reads a failed readahead again
 // page by page), and a registry that hangs must not hold every retry for
 // fetchTimeout. A failed speculative load (a prefetch, which no reader
@@ -551,7 +551,7 @@ func (b *base) load1(i int, speculative bool) ([]byte, bool, error) {
 		b.mu.Lock()
 		f, failed := b.failed[i]
 		b.mu.Unlock()
-		if failed && time.Since(f.at) < failureBackoff {
+		if failed && time.Since(f.at) < FailureBackoff {
 			return nil, f.err
 		}
 		block, fetched, err := b.load(i, speculative)
@@ -586,9 +586,9 @@ type failure struct {
 	err error
 }
 
-// failureBackoff is how long a failed block fails again without a new
+// FailureBackoff is how long a failed block fails again without a new
 // attempt.
-const failureBackoff = 2 * time.Second
+const FailureBackoff = 2 * time.Second
 
 // load returns block i, verified: from the cache file if it holds it (a
 // fetcher that restarted), else fetched from the registry and written to the

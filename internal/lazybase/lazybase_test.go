@@ -215,7 +215,7 @@ func TestServeRefusesBadBlocks(t *testing.T) {
 	// Once the registry serves the right bytes, the block reads; with the
 	// registry down, a block not fetched yet fails, a fetched one reads.
 	reg.flip(m.Blocks[1], 5000)
-	time.Sleep(failureBackoff) // A failed block fails again at once until then.
+	time.Sleep(FailureBackoff) // A failed block fails again at once until then.
 	if _, err := f.ReadAt(buf, blockmanifest.BlockSize+4096); err != nil || !bytes.Equal(buf, data[blockmanifest.BlockSize+4096:][:4096]) {
 		t.Errorf("read after the registry was repaired: %v", err)
 	}

@@ -164,6 +164,10 @@ func TestRegistryLazyRestore(t *testing.T) {
 		flipByteAt(t, reg.BlobPath(dg), 4096)
 	}
 	nodeB.Destroy("b5")
+	// lazyd fails a block whose load failed less than FailureBackoff ago
+	// at once, with that failure: let the tampered blocks' failures age,
+	// so that the next clone's reads ask the registry.
+	time.Sleep(lazybase.FailureBackoff + time.Second)
 
 	// The registry goes away: a clone restored now fails at its first read
 	// of a block not fetched yet, with an error naming the block and the
