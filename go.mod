@@ -4,6 +4,7 @@ go 1.26.3
 
 require (
 	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/opencontainers/go-digest v1.0.0
 	github.com/opencontainers/image-spec v1.1.1
 	github.com/schollz/progressbar/v3 v3.19.1

@@ -43,7 +43,6 @@ package lazybase
 
 import (
 	"bytes"
-	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -60,6 +59,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
 
@@ -195,7 +195,7 @@ type Server struct {
 	fuse       *fuse.Server
 
 	// recent holds the blocks most recently verified, of every base.
-	recent recentBlocks
+	recent *recentBlocks
 
 	mu    sync.Mutex
 	bases map[string]*base // by hex digest; protected by mu
@@ -203,22 +203,16 @@ type Server struct {
 }
 
 // recentBlocks keeps the last recentCapacity blocks that a Server fetched
-// or read back from its cache file, verified. The kernel reads a block in
-// several requests (1 MiB at most per FUSE read), and the cache file's
-// copy of a block leaves the page cache once written back (load): without
-// this, every request after the first would read the block back from disk
-// and hash it again, which doubled the cost of a first touch.
+// or read back from its cache file, verified, least recently used first
+// out. The kernel reads a block in several requests (1 MiB at most per
+// FUSE read), and the cache file's copy of a block leaves the page cache
+// once written back (load): without this, every request after the first
+// would read the block back from disk and hash it again, which doubled the
+// cost of a first touch.
 //
 // Invariant: an entry's bytes matched the block manifest when they were
-// put, and are never written to afterwards (readers copy out of them).
-type recentBlocks struct {
-	mu sync.Mutex
-	// order lists the entries (*recentBlock), the most recent first;
-	// protected by mu.
-	order list.List
-	// byKey indexes order; protected by mu.
-	byKey map[recentKey]*list.Element
-}
+// added, and are never written to afterwards (readers copy out of them).
+type recentBlocks = lru.Cache[recentKey, []byte]
 
 // recentKey names block i of base hex.
 type recentKey struct {
@@ -226,44 +220,15 @@ type recentKey struct {
 	i   int
 }
 
-type recentBlock struct {
-	key  recentKey
-	data []byte
-}
-
 // recentCapacity bounds recentBlocks: 32 MiB.
 const recentCapacity = 16
 
-// get returns the bytes of block k if they are kept.
-func (r *recentBlocks) get(k recentKey) []byte {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.byKey[k]
-	if !ok {
-		return nil
+func newRecentBlocks() *recentBlocks {
+	c, err := lru.New[recentKey, []byte](recentCapacity)
+	if err != nil {
+		panic(err) // only for a size <= 0
 	}
-	r.order.MoveToFront(e)
-	return e.Value.(*recentBlock).data
-}
-
-// put keeps data, verified, as block k, dropping the least recent block
-// beyond recentCapacity.
-func (r *recentBlocks) put(k recentKey, data []byte) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.byKey == nil {
-		r.byKey = map[recentKey]*list.Element{}
-	}
-	if e, ok := r.byKey[k]; ok {
-		r.order.MoveToFront(e)
-		return
-	}
-	r.byKey[k] = r.order.PushFront(&recentBlock{key: k, data: data})
-	for r.order.Len() > recentCapacity {
-		last := r.order.Back()
-		delete(r.byKey, last.Value.(*recentBlock).key)
-		r.order.Remove(last)
-	}
+	return c
 }
 
 // Serve mounts the fetcher's filesystem at root/lazy (creating it) and
@@ -292,7 +257,7 @@ func Serve(root string, newFetcher NewFetcherFunc) (*Server, error) {
 	} else if mounted(mnt) {
 		return nil, fmt.Errorf("a lazy base fetcher already serves %s", mnt)
 	}
-	s := &Server{root: root, newFetcher: newFetcher, bases: map[string]*base{}}
+	s := &Server{root: root, newFetcher: newFetcher, recent: newRecentBlocks(), bases: map[string]*base{}}
 	long := time.Hour
 	srv, err := fs.Mount(mnt, &rootNode{s: s}, &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -601,7 +566,7 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	off, n := b.m.Range(i)
 	want := b.m.Blocks[i]
 	key := recentKey{b.hex, i}
-	if block := b.s.recent.get(key); block != nil {
+	if block, ok := b.s.recent.Get(key); ok {
 		b.s.mu.Lock()
 		b.s.stats.BlocksFromMemory++
 		b.s.mu.Unlock()
@@ -610,7 +575,7 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	if b.cached(int64(off), int64(n)) {
 		block := make([]byte, n)
 		if _, err := b.cache.ReadAt(block, int64(off)); err == nil && sumOf(block) == want {
-			b.s.recent.put(key, block)
+			b.s.recent.Add(key, block)
 			b.mu.Lock()
 			known := b.present[i]
 			b.mu.Unlock()
@@ -640,7 +605,7 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	if _, err := b.cache.WriteAt(data, int64(off)); err != nil {
 		return nil, false, fmt.Errorf("writing block %d of base sha256:%s to the node cache %s: %w", i, b.hex, b.cache.Name(), err)
 	}
-	b.s.recent.put(key, data)
+	b.s.recent.Add(key, data)
 	// The sandboxes read the block through the FUSE file's page cache; do
 	// not keep a second copy in the cache file's once it is written back.
 	// The readers do not wait for that: the page cache serves the block

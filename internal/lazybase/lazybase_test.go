@@ -357,30 +357,31 @@ func TestRecentBlocksServeTheRestOfABlock(t *testing.T) {
 }
 
 func TestRecentBlocksBounded(t *testing.T) {
-	var r recentBlocks
+	r := newRecentBlocks()
 	for i := 0; i <= recentCapacity; i++ {
-		r.put(recentKey{"a", i}, []byte{byte(i)})
+		r.Add(recentKey{"a", i}, []byte{byte(i)})
 	}
-	if r.get(recentKey{"a", 0}) != nil {
+	if _, ok := r.Get(recentKey{"a", 0}); ok {
 		t.Errorf("the least recent block was kept beyond %d", recentCapacity)
 	}
-	if got := r.get(recentKey{"a", recentCapacity}); len(got) != 1 || got[0] != recentCapacity {
+	if got, _ := r.Get(recentKey{"a", recentCapacity}); len(got) != 1 || got[0] != recentCapacity {
 		t.Errorf("the most recent block: %v", got)
 	}
-	if r.get(recentKey{"b", 1}) != nil {
+	if _, ok := r.Get(recentKey{"b", 1}); ok {
 		t.Errorf("a block of another base was served")
 	}
-	// A block that was read is kept over one that was not, and putting a
+	// A block that was read is kept over one that was not, and adding a
 	// kept block again does not add an entry.
-	var lru recentBlocks
+	lru := newRecentBlocks()
 	for i := 0; i < recentCapacity; i++ {
-		lru.put(recentKey{"a", i}, []byte{byte(i)})
+		lru.Add(recentKey{"a", i}, []byte{byte(i)})
 	}
-	lru.get(recentKey{"a", 0})
-	lru.put(recentKey{"a", 5}, []byte{5})
-	lru.put(recentKey{"a", recentCapacity}, []byte{recentCapacity})
-	if lru.get(recentKey{"a", 0}) == nil || lru.get(recentKey{"a", 1}) != nil || lru.order.Len() != recentCapacity {
-		t.Errorf("after reading block 0 and adding one: block 0 kept %t, block 1 kept %t, %d entries; want true, false, %d",
-			lru.get(recentKey{"a", 0}) != nil, lru.get(recentKey{"a", 1}) != nil, lru.order.Len(), recentCapacity)
+	lru.Get(recentKey{"a", 0})
+	lru.Add(recentKey{"a", 5}, []byte{5})
+	lru.Add(recentKey{"a", recentCapacity}, []byte{recentCapacity})
+	_, kept0 := lru.Peek(recentKey{"a", 0})
+	_, kept1 := lru.Peek(recentKey{"a", 1})
+	if !kept0 || kept1 || lru.Len() != recentCapacity {
+		t.Errorf("after reading block 0 and adding one: block 0 kept %t, block 1 kept %t, %d entries; want true, false, %d", kept0, kept1, lru.Len(), recentCapacity)
 	}
 }

@@ -67,8 +67,9 @@ func ctr(t *testing.T, c *ctrd.Containerd, args ...string) string {
 
 // dump returns a tick line that container id writes on request after this
 // call started: one whose tick is after that of the dump file already there
-// (a clone starts with its source's, and a request of an earlier call may
-// still be pending). The request is sent again every second, since a
+// (a clone starts with its source's, so a clone's answer is after every
+// tick its source dumped; and a request of an earlier call may still be
+// pending). The request is sent again every second, since a
 // command sent before the workload read the previous one replaces it.
 func dump(t *testing.T, c *ctrd.Containerd, id string) sandbox.Tick {
 	t.Helper()
@@ -96,20 +97,6 @@ func dump(t *testing.T, c *ctrd.Containerd, id string) sandbox.Tick {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no new dump from %s (the last seen: tick %d): %v: %s", id, prev, err, out)
-		}
-	}
-}
-
-// dumpAfter returns the first tick line of container id, written on request,
-// whose tick is after tick n: a clone holds its source's last dump file, and
-// a restored workload first sleeps out what was left of its interval, so an
-// early answer can be the source's.
-func dumpAfter(t *testing.T, c *ctrd.Containerd, id string, n int) sandbox.Tick {
-	t.Helper()
-	var tk sandbox.Tick
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		if tk = dump(t, c, id); tk.N > n || time.Now().After(deadline) {
-			return tk
 		}
 	}
 }
@@ -144,7 +131,7 @@ func TestContainerdLifecycle(t *testing.T) {
 		t.Errorf("after pause: %q", out)
 	}
 	ctr(t, c, "tasks", "resume", "long")
-	if later := dumpAfter(t, c, "long", first.N); later.N <= first.N || !later.OK {
+	if later := dump(t, c, "long"); later.N <= first.N || !later.OK {
 		t.Errorf("after resume: tick %d (was %d), ok=%t", later.N, first.N, later.OK)
 	}
 	ctr(t, c, "tasks", "kill", "-s", "KILL", "long")
@@ -193,7 +180,7 @@ func TestContainerdCheckpointRestore(t *testing.T) {
 	ctr(t, c, "tasks", "kill", "-s", "KILL", "src")
 
 	ctr(t, c, "containers", "restore", "--live", "restored", "forkvisor.local/checkpoint:src")
-	after := dumpAfter(t, c, "restored", before.N)
+	after := dump(t, c, "restored")
 	if after.Mark != before.Mark || after.N <= before.N || !after.OK {
 		t.Errorf("restored task: %+v; want mark %s, tick after %d, heap ok", after, before.Mark, before.N)
 	}
@@ -231,7 +218,7 @@ func TestContainerdRestorePaused(t *testing.T) {
 		}
 	}
 	ctr(t, c, "tasks", "resume", "restored")
-	after := dumpAfter(t, c, "restored", before.N)
+	after := dump(t, c, "restored")
 	if after.Mark != before.Mark || after.N <= before.N || !after.OK {
 		t.Errorf("resumed task: %+v; want mark %s, tick after %d, heap ok", after, before.Mark, before.N)
 	}
@@ -294,7 +281,7 @@ func TestContainerdSharedBaseClones(t *testing.T) {
 		ids = append(ids, id)
 	}
 	for _, id := range ids {
-		after := dumpAfter(t, c, id, before.N)
+		after := dump(t, c, id)
 		if after.Mark != before.Mark || after.N <= before.N || !after.OK {
 			t.Errorf("%s: %+v; want mark %s, tick after %d, heap ok", id, after, before.Mark, before.N)
 		}
