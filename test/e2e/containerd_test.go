@@ -360,12 +360,26 @@ func TestContainerdExecCycles(t *testing.T) {
 		c.Ctr("containers", "rm", "cycles")
 	}()
 	shim := shimPID(t, "cycles")
+	// ctr can lose an exec's output on its own side: once the shim has
+	// deleted the exec (which waits for the shim's copy into ctr's stdout
+	// FIFO), ctr's client cancels its IO, closing the FIFO's read end
+	// whether or not its copy has read what is in it (containerd v2 client
+	// process.Delete, then cio's cancel). It was seen once in about 6000
+	// execs here. A shim that lost output would lose it every time, so
+	// allow one such loss per run, and never a wrong exit code.
+	lost := 0
 	exec := func(i int) {
 		t.Helper()
 		code := i % 3
 		out, err := c.Ctr("tasks", "exec", "--exec-id", fmt.Sprintf("e%d", i), "cycles", "/workload", "-exit", fmt.Sprint(code))
-		if got := ctrd.ExitCode(err); got != code || !strings.Contains(out, fmt.Sprintf("exiting %d", code)) {
-			t.Fatalf("exec %d: exit %d, output %q; want exit %d and its line", i, got, out, code)
+		got := ctrd.ExitCode(err)
+		if got == code && out == "" && lost == 0 {
+			lost++
+			t.Logf("exec %d: exit %d and no output (ctr's IO race); allowed once per run", i, got)
+			return
+		}
+		if got != code || !strings.Contains(out, fmt.Sprintf("exiting %d", code)) {
+			t.Fatalf("exec %d: exit %d, output %q; want exit %d and its line (%d output(s) lost before)", i, got, out, code, lost)
 		}
 	}
 	const warmup, cycles = 20, 1000
