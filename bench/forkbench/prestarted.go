@@ -129,9 +129,9 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		defer paused.Close()
 	}
 	// settle waits until every pool has refilled, so that no refill runs
-	// while the next measurement starts. (A pool refills once its request
-	// is served, so a refill still overlaps the first output of the clone
-	// it replaces.)
+	// while the next measurement starts. (A pool refills
+	// warmpool.RefillDelay after its request is served; a tick clone has
+	// printed its first line by then.)
 	settle := func() {
 		must(pool.Fill(time.Minute))
 		if paused != nil {

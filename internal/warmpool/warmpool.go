@@ -33,11 +33,11 @@
 // on its clocks, as for `runsc pause`: timers that expired meanwhile fire
 // together when it is resumed.
 //
-// A pool refills once a request has been served (its `runsc restore` or
-// `runsc resume` returned), not when the request takes a sandbox, so that
-// the refill does not compete with the restore it replaces (it may still
-// overlap the clone's first moments); a burst of requests larger than the
-// pool creates the rest synchronously.
+// A pool refills RefillDelay after a request has been served (its `runsc
+// restore` or `runsc resume` returned), not when the request takes a
+// sandbox, so that the refill competes neither with the restore it replaces
+// nor with the served clone's first moments; a burst of requests larger than
+// the pool creates the rest synchronously.
 package warmpool
 
 import (
@@ -196,7 +196,7 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 	}
 	s, err := p.take()
 	// Refill once this request is served (see the package comment).
-	defer p.kick()
+	defer p.kickAfter(RefillDelay)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -268,6 +268,11 @@ func (p *Pool) create() (Sandbox, error) {
 	return s, nil
 }
 
+// kickAfter wakes the refiller once d has passed.
+func (p *Pool) kickAfter(d time.Duration) {
+	time.AfterFunc(d, p.kick)
+}
+
 func (p *Pool) kick() {
 	select {
 	case p.refill <- struct{}{}:
@@ -300,6 +305,16 @@ func (p *Pool) refiller() {
 		}
 	}
 }
+
+// RefillDelay is how long after serving a request a pool starts to refill.
+// A refill is a `runsc create` (or a paused restore) that takes the CPUs for
+// tens of milliseconds; started at once, it competes with the clone just
+// served while that clone's tasks start and print their first output (on 2
+// CPUs, a pre-started restore of a 256 MiB tick workload took 55 ms to its
+// first tick with an immediate refill and 43 ms with this delay; REPRODUCE.md
+// section 10). A request that finds the pool empty in the meantime creates its
+// sandbox itself, as before.
+const RefillDelay = 100 * time.Millisecond
 
 // retryInterval is how long the refiller waits after a failed create.
 const retryInterval = time.Second
