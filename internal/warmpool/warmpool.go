@@ -89,6 +89,12 @@ type Pool struct {
 	attempts uint64
 	lastErr  error
 	closed   bool
+	// serving counts requests that took a sandbox and have not returned;
+	// servedAt is when the latest one returned. The refiller creates only
+	// when serving is 0 and RefillDelay has passed since servedAt, whatever
+	// woke it (refillWait).
+	serving  int
+	servedAt time.Time
 	// refill wakes the refiller; stop ends it, and done is closed when it
 	// has ended.
 	refill chan struct{}
@@ -194,9 +200,19 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 			return Sandbox{}, fmt.Errorf("warmpool: restore flags %q: a pool of paused clones takes its flags when it is made", extra)
 		}
 	}
+	// Refill once this request is served (see the package comment and
+	// refillWait).
+	p.mu.Lock()
+	p.serving++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.serving--
+		p.servedAt = time.Now()
+		p.mu.Unlock()
+		p.kick()
+	}()
 	s, err := p.take()
-	// Refill once this request is served (see the package comment).
-	defer p.kickAfter(RefillDelay)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -268,11 +284,6 @@ func (p *Pool) create() (Sandbox, error) {
 	return s, nil
 }
 
-// kickAfter wakes the refiller once d has passed.
-func (p *Pool) kickAfter(d time.Duration) {
-	time.AfterFunc(d, p.kick)
-}
-
 func (p *Pool) kick() {
 	select {
 	case p.refill <- struct{}{}:
@@ -291,6 +302,14 @@ func (p *Pool) refiller() {
 		case <-p.refill:
 		}
 		for {
+			if d := p.refillWait(); d > 0 {
+				select {
+				case <-p.stop:
+					return
+				case <-time.After(d):
+				}
+				continue
+			}
 			created, err := p.refillOne()
 			if err == nil && !created {
 				break
@@ -310,14 +329,30 @@ func (p *Pool) refiller() {
 // A refill is a `runsc create` (or a paused restore) that takes the CPUs for
 // tens of milliseconds; started at once, it competes with the clone just
 // served while that clone's tasks start and print their first output (on 2
-// CPUs, a pre-started restore of a 256 MiB tick workload took 55 ms to its
-// first tick with an immediate refill and 43 ms with this delay; REPRODUCE.md
-// section 10). A request that finds the pool empty in the meantime creates its
-// sandbox itself, as before.
+// CPUs, a pre-started restore of a 256 MiB tick workload took 55-61 ms to
+// its first tick with an immediate refill and 43 ms with this delay;
+// REPRODUCE.md section 10). A request that finds the pool empty in the
+// meantime creates its sandbox itself.
 const RefillDelay = 100 * time.Millisecond
 
 // retryInterval is how long the refiller waits after a failed create.
 const retryInterval = time.Second
+
+// refillWait returns how long the refiller must wait before it may create:
+// while a request is being served, and until RefillDelay after the latest
+// one was. A wake-up that predates a request (a Fill just before it) must
+// not start a refill next to the restore.
+func (p *Pool) refillWait() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0
+	}
+	if p.serving > 0 {
+		return RefillDelay
+	}
+	return time.Until(p.servedAt.Add(RefillDelay))
+}
 
 // refillOne creates one sandbox if fewer than size wait, and reports whether
 // it did, or the create's error.
