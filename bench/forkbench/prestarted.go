@@ -130,8 +130,9 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 	}
 	// settle waits until every pool has refilled, so that no refill runs
 	// while the next measurement starts. (A pool refills
-	// warmpool.RefillDelay after its request is served; a tick clone has
-	// printed its first line by then.)
+	// warmpool.RefillDelay after its request is served, when a tick clone
+	// has printed its first line; the CPython agent's first output comes
+	// later and still overlaps the refill.)
 	settle := func() {
 		must(pool.Fill(time.Minute))
 		if paused != nil {

@@ -34,10 +34,11 @@
 // together when it is resumed.
 //
 // A pool refills RefillDelay after a request has been served (its `runsc
-// restore` or `runsc resume` returned), not when the request takes a
-// sandbox, so that the refill competes neither with the restore it replaces
-// nor with the served clone's first moments; a burst of requests larger than
-// the pool creates the rest synchronously.
+// restore` or `runsc resume` returned), and starts no refill while a
+// request is in progress, so that the refill competes neither with the
+// restore it replaces nor with the served clone's first moments; under
+// requests that keep coming, it defers a refill for at most one second. A
+// burst of requests larger than the pool creates the rest synchronously.
 package warmpool
 
 import (
@@ -89,12 +90,15 @@ type Pool struct {
 	attempts uint64
 	lastErr  error
 	closed   bool
-	// serving counts requests that took a sandbox and have not returned;
-	// servedAt is when the latest one returned. The refiller creates only
-	// when serving is 0 and RefillDelay has passed since servedAt, whatever
-	// woke it (refillWait).
-	serving  int
-	servedAt time.Time
+	// serving counts Restore calls in progress (from before they take a
+	// sandbox until they return); servedAt is when the latest one returned,
+	// failed or not. The refiller starts a create only when serving is 0
+	// and RefillDelay has passed since servedAt, whatever woke it, or once
+	// it has deferred for maxRefillDeferral (refillWaitLocked).
+	// deferredSince is when the current deferral began (zero if none).
+	serving       int
+	servedAt      time.Time
+	deferredSince time.Time
 	// refill wakes the refiller; stop ends it, and done is closed when it
 	// has ended.
 	refill chan struct{}
@@ -302,15 +306,15 @@ func (p *Pool) refiller() {
 		case <-p.refill:
 		}
 		for {
-			if d := p.refillWait(); d > 0 {
+			created, wait, err := p.refillOne()
+			if wait > 0 {
 				select {
 				case <-p.stop:
 					return
-				case <-time.After(d):
+				case <-time.After(wait):
 				}
 				continue
 			}
-			created, err := p.refillOne()
 			if err == nil && !created {
 				break
 			}
@@ -328,39 +332,63 @@ func (p *Pool) refiller() {
 // RefillDelay is how long after serving a request a pool starts to refill.
 // A refill is a `runsc create` (or a paused restore) that takes the CPUs for
 // tens of milliseconds; started at once, it competes with the clone just
-// served while that clone's tasks start and print their first output (on 2
-// CPUs, a pre-started restore of a 256 MiB tick workload took 55-61 ms to
-// its first tick with an immediate refill and 43 ms with this delay;
-// REPRODUCE.md section 10). A request that finds the pool empty in the
-// meantime creates its sandbox itself.
+// served while that clone's tasks start. This covers a tick workload's first
+// output (on 2 CPUs, a pre-started restore of a 256 MiB tick workload took
+// 55-61 ms to its first tick with an immediate refill and 42 ms with this
+// delay, REPRODUCE.md section 10), not a workload whose first output takes
+// longer, such as the CPython agent's first pass over its state. A request
+// that finds the pool empty in the meantime creates its sandbox itself.
 const RefillDelay = 100 * time.Millisecond
 
 // retryInterval is how long the refiller waits after a failed create.
 const retryInterval = time.Second
 
-// refillWait returns how long the refiller must wait before it may create:
-// while a request is being served, and until RefillDelay after the latest
-// one was. A wake-up that predates a request (a Fill just before it) must
-// not start a refill next to the restore.
-func (p *Pool) refillWait() time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+// maxRefillDeferral bounds how long the refiller defers a needed create for
+// requests in progress or just served: under requests that keep coming less
+// than RefillDelay apart, the pool still refills (and may then compete with
+// one of them) rather than leave every request to create its own sandbox.
+const maxRefillDeferral = time.Second
+
+// refillWaitLocked returns how long the refiller must wait before it starts
+// a create that is needed now, or 0 to start it. It waits while a request is
+// in progress and until RefillDelay after the latest one returned, so that a
+// wake-up older than the request (a Fill just before it) does not start a
+// create next to its restore; but never more than maxRefillDeferral in all.
+// A create already running when a request arrives is not stopped.
+//
+// +checklocks:p.mu
+func (p *Pool) refillWaitLocked(now time.Time) time.Duration {
+	until := p.servedAt.Add(RefillDelay)
+	if p.serving == 0 && !now.Before(until) {
+		p.deferredSince = time.Time{}
 		return 0
 	}
-	if p.serving > 0 {
-		return RefillDelay
+	if p.deferredSince.IsZero() {
+		p.deferredSince = now
 	}
-	return time.Until(p.servedAt.Add(RefillDelay))
+	if now.Sub(p.deferredSince) >= maxRefillDeferral {
+		p.deferredSince = time.Time{}
+		return 0
+	}
+	wait := RefillDelay // while serving: look again then
+	if p.serving == 0 {
+		wait = until.Sub(now)
+	}
+	return min(wait, p.deferredSince.Add(maxRefillDeferral).Sub(now))
 }
 
-// refillOne creates one sandbox if fewer than size wait, and reports whether
-// it did, or the create's error.
-func (p *Pool) refillOne() (bool, error) {
+// refillOne creates one sandbox if fewer than size wait and
+// refillWaitLocked allows it, and reports whether it did, how long to wait
+// before trying again if it may not create yet, or the create's error.
+func (p *Pool) refillOne() (bool, time.Duration, error) {
 	p.mu.Lock()
 	if p.closed || len(p.waiting) >= p.size {
 		p.mu.Unlock()
-		return false, nil
+		return false, 0, nil
+	}
+	if wait := p.refillWaitLocked(time.Now()); wait > 0 {
+		p.mu.Unlock()
+		return false, wait, nil
 	}
 	p.mu.Unlock()
 	s, err := p.create()
@@ -370,14 +398,14 @@ func (p *Pool) refillOne() (bool, error) {
 	p.attempts++
 	p.lastErr = err
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
 	if p.closed {
 		p.r.Destroy(s.ID)
-		return false, nil
+		return false, 0, nil
 	}
 	p.waiting = append(p.waiting, s)
-	return true, nil
+	return true, 0, nil
 }
 
 // Close stops refilling and destroys every waiting sandbox. Sandboxes handed
