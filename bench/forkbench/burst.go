@@ -14,10 +14,13 @@ import (
 // started at the same instant, as an agent platform does when a queue drains
 // or a task fans out.
 type BurstResult struct {
-	Runtime  string  `json:"runtime"`
-	HeapMiB  int     `json:"heap_mib"`
-	Restores int     `json:"restores"`
-	WallMs   float64 `json:"wall_ms"` // first start → last first tick
+	Runtime string `json:"runtime"`
+	// Prestarted is true if each restore went into a sandbox created
+	// beforehand (`runsc create`, not timed), as from a pool of n.
+	Prestarted bool    `json:"prestarted"`
+	HeapMiB    int     `json:"heap_mib"`
+	Restores   int     `json:"restores"`
+	WallMs     float64 `json:"wall_ms"` // first start → last first tick
 	// RestoreMs is each restore's start → first tick.
 	RestoreMs    []float64 `json:"restore_ms"`
 	RestoreP50Ms float64   `json:"restore_p50_ms"`
@@ -30,31 +33,45 @@ type BurstResult struct {
 
 // burst parks a heapMiB tick workload with each runtime and restores n
 // clones of it at once (each in its own goroutine), then measures the
-// clones' memory once every one has read its whole heap.
+// clones' memory once every one has read its whole heap: once by plain
+// restores, which create their sandboxes, and once into n sandboxes created
+// beforehand, as an orchestrator's pool of that size would hold them.
 func burst(dir string, runtimes []runtimeConfig, n, heapMiB int) []BurstResult {
-	return eachRuntime(dir, "burst", runtimes, func(base string, rt runtimeConfig) BurstResult {
-		return burstOne(base, rt, n, heapMiB)
-	})
+	var results []BurstResult
+	for _, modes := range eachRuntime(dir, "burst", runtimes, func(base string, rt runtimeConfig) []BurstResult {
+		return []BurstResult{
+			burstOne(filepath.Join(base, "plain"), rt, n, heapMiB, false),
+			burstOne(filepath.Join(base, "prestarted"), rt, n, heapMiB, true),
+		}
+	}) {
+		results = append(results, modes...)
+	}
+	return results
 }
 
-func burstOne(base string, rt runtimeConfig, n, heapMiB int) BurstResult {
+func burstOne(base string, rt runtimeConfig, n, heapMiB int, prestarted bool) BurstResult {
 	p := parkTick(base, "burst", rt, "-mib", fmt.Sprint(heapMiB), "-interval", "50ms")
 	r := p.r
 	defer os.RemoveAll(base)
 	defer r.Cleanup()
 
-	res := BurstResult{Runtime: rt.name, HeapMiB: heapMiB, Restores: n, RestoreMs: make([]float64, n), CPUMs: make([]float64, n)}
+	res := BurstResult{Runtime: rt.name, Prestarted: prestarted, HeapMiB: heapMiB, Restores: n, RestoreMs: make([]float64, n), CPUMs: make([]float64, n)}
 	ids, outs := make([]string, n), make([]string, n)
-	errs := make([]error, n)
-	ends := make([]time.Time, n)
-	var wg sync.WaitGroup
-	start := time.Now()
 	for i := 0; i < n; i++ {
 		// Fixed-width IDs: runsc resolves a container ID that matches no
 		// container as a unique prefix of one, so "burst1" restored while
 		// "burst15" already exists would find (and refuse) the latter.
 		ids[i] = fmt.Sprintf("burst%0*d", len(fmt.Sprint(n-1)), i)
 		outs[i] = filepath.Join(base, ids[i]+".out")
+		if prestarted {
+			must(r.Create(p.bundle, ids[i], outs[i]))
+		}
+	}
+	errs := make([]error, n)
+	ends := make([]time.Time, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < n; i++ {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
@@ -105,20 +122,39 @@ func printBurst(results []BurstResult) {
 		return
 	}
 	r0 := results[0]
-	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once\n", r0.Restores, r0.HeapMiB)
-	fmt.Printf("%-11s %9s %9s %9s %12s %10s\n", "runtime", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_Pss")
+	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand (not timed)\n", r0.Restores, r0.HeapMiB, r0.Restores)
+	fmt.Printf("%-11s %-10s %9s %9s %9s %12s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_Pss")
 	for _, r := range results {
-		fmt.Printf("%-11s %9.0f %9.0f %9.0f %12.0f %10.1f\n", r.Runtime, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB)
+		fmt.Printf("%-11s %-10s %9.0f %9.0f %9.0f %12.0f %10.1f\n", r.Runtime, burstMode(r), r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB)
 	}
-	var best BurstResult
+	// best returns upstream's burst of the given mode with the shortest wall
+	// time, of either restore mode.
+	best := func(prestarted bool) (b BurstResult) {
+		for _, r := range results {
+			if r.Runtime != "forkvisor" && r.Prestarted == prestarted && (b.Runtime == "" || r.WallMs < b.WallMs) {
+				b = r
+			}
+		}
+		return b
+	}
 	for _, r := range results {
-		if r.Runtime != "forkvisor" && (best.Runtime == "" || r.WallMs < best.WallMs) {
-			best = r
+		if r.Runtime != "forkvisor" {
+			continue
+		}
+		for _, b := range []BurstResult{best(r.Prestarted), best(false)} {
+			if b.WallMs > 0 && b.CPUP50Ms > 0 && b.TotalPssMiB > 0 {
+				fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, cpu per restore %.2fx, total Pss %.2fx\n", burstMode(r), burstMode(b), b.Runtime, r.WallMs/b.WallMs, r.CPUP50Ms/b.CPUP50Ms, r.TotalPssMiB/b.TotalPssMiB)
+			}
+			if !r.Prestarted {
+				break
+			}
 		}
 	}
-	for _, r := range results {
-		if r.Runtime == "forkvisor" && best.WallMs > 0 && best.CPUP50Ms > 0 && best.TotalPssMiB > 0 {
-			fmt.Printf("burst forkvisor/upstream (%s): wall %.2fx, cpu per restore %.2fx, total Pss %.2fx\n", best.Runtime, r.WallMs/best.WallMs, r.CPUP50Ms/best.CPUP50Ms, r.TotalPssMiB/best.TotalPssMiB)
-		}
+}
+
+func burstMode(r BurstResult) string {
+	if r.Prestarted {
+		return "prestarted"
 	}
+	return "plain"
 }
