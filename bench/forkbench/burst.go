@@ -10,14 +10,14 @@ import (
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
-// BurstResult is one runtime's burst: n restores of one parked sandbox
+// BurstResult is one runtime's burst in one mode: n restores of one parked sandbox
 // started at the same instant, as an agent platform does when a queue drains
 // or a task fans out.
 type BurstResult struct {
 	Runtime string `json:"runtime"`
 	// Prestarted is true if each restore went into a sandbox created
 	// beforehand (`runsc create`, not timed), as from a pool of n.
-	Prestarted bool    `json:"prestarted"`
+	Prestarted bool    `json:"pool"`
 	HeapMiB    int     `json:"heap_mib"`
 	Restores   int     `json:"restores"`
 	WallMs     float64 `json:"wall_ms"` // first start → last first tick
@@ -25,7 +25,8 @@ type BurstResult struct {
 	RestoreMs    []float64 `json:"restore_ms"`
 	RestoreP50Ms float64   `json:"restore_p50_ms"`
 	RestoreMaxMs float64   `json:"restore_max_ms"`
-	// CPUMs is each restore's sentry CPU time at its first tick.
+	// CPUMs is each restore's sentry CPU time at its first tick; for a
+	// sandbox created beforehand, less what it had used once created.
 	CPUMs       []float64 `json:"cpu_ms"`
 	CPUP50Ms    float64   `json:"cpu_p50_ms"`
 	TotalPssMiB float64   `json:"total_pss_mib"` // once every clone read its heap
@@ -35,10 +36,12 @@ type BurstResult struct {
 // clones of it at once (each in its own goroutine), then measures the
 // clones' memory once every one has read its whole heap: once by plain
 // restores, which create their sandboxes, and once into n sandboxes created
-// beforehand, as an orchestrator's pool of that size would hold them.
+// beforehand, as an orchestrator's pool of that size would hold them. Each
+// mode parks its own source (same workload, its own image and runsc root).
 func burst(dir string, runtimes []runtimeConfig, n, heapMiB int) []BurstResult {
 	var results []BurstResult
 	for _, modes := range eachRuntime(dir, "burst", runtimes, func(base string, rt runtimeConfig) []BurstResult {
+		defer os.RemoveAll(base)
 		return []BurstResult{
 			burstOne(filepath.Join(base, "plain"), rt, n, heapMiB, false),
 			burstOne(filepath.Join(base, "prestarted"), rt, n, heapMiB, true),
@@ -57,6 +60,7 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, prestarted bool) Bu
 
 	res := BurstResult{Runtime: rt.name, Prestarted: prestarted, HeapMiB: heapMiB, Restores: n, RestoreMs: make([]float64, n), CPUMs: make([]float64, n)}
 	ids, outs := make([]string, n), make([]string, n)
+	createCPU := make([]time.Duration, n)
 	for i := 0; i < n; i++ {
 		// Fixed-width IDs: runsc resolves a container ID that matches no
 		// container as a unique prefix of one, so "burst1" restored while
@@ -65,6 +69,9 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, prestarted bool) Bu
 		outs[i] = filepath.Join(base, ids[i]+".out")
 		if prestarted {
 			must(r.Create(p.bundle, ids[i], outs[i]))
+			cpu, err := r.SentryCPU(ids[i])
+			must(err)
+			createCPU[i] = cpu
 		}
 	}
 	errs := make([]error, n)
@@ -89,7 +96,7 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, prestarted bool) Bu
 			res.RestoreMs[i] = ms(ends[i].Sub(start))
 			cpu, err := r.SentryCPU(ids[i])
 			errs[i] = err
-			res.CPUMs[i] = ms(cpu)
+			res.CPUMs[i] = ms(cpu - createCPU[i])
 		}(i)
 	}
 	wg.Wait()
@@ -127,8 +134,8 @@ func printBurst(results []BurstResult) {
 	for _, r := range results {
 		fmt.Printf("%-11s %-10s %9.0f %9.0f %9.0f %12.0f %10.1f\n", r.Runtime, burstMode(r), r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB)
 	}
-	// best returns upstream's burst of the given mode with the shortest wall
-	// time, of either restore mode.
+	// best returns the burst of the given mode, of upstream or upstream-bg,
+	// with the shortest wall time.
 	best := func(prestarted bool) (b BurstResult) {
 		for _, r := range results {
 			if r.Runtime != "forkvisor" && r.Prestarted == prestarted && (b.Runtime == "" || r.WallMs < b.WallMs) {
