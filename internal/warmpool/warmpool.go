@@ -205,7 +205,7 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 		}
 	}
 	// Refill once this request is served (see the package comment and
-	// refillWait).
+	// refillWaitLocked).
 	p.mu.Lock()
 	p.serving++
 	p.mu.Unlock()
@@ -334,7 +334,7 @@ func (p *Pool) refiller() {
 // tens of milliseconds; started at once, it competes with the clone just
 // served while that clone's tasks start. This covers a tick workload's first
 // output (on 2 CPUs, a pre-started restore of a 256 MiB tick workload took
-// 55-61 ms to its first tick with an immediate refill and 42 ms with this
+// 55 ms p50 to its first tick with an immediate refill and 41 ms with this
 // delay, REPRODUCE.md section 10), not a workload whose first output takes
 // longer, such as the CPython agent's first pass over its state. A request
 // that finds the pool empty in the meantime creates its sandbox itself.
