@@ -50,8 +50,22 @@ func TestHooksStartInRunscCgroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(sandboxCgroup), "/"+id+"\n") {
-		t.Errorf("the sandbox (PID %d) is not in the container's cgroup %q:\n%s", pid, "/"+id, sandboxCgroup)
+	// Every hierarchy that runsc manages (cgroup v1 controllers, or the
+	// unified hierarchy where it is the only one) must name the container.
+	lines := strings.Split(strings.TrimSpace(string(sandboxCgroup)), "\n")
+	moved := 0
+	for _, line := range lines {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || (f[1] == "" && len(lines) > 1) || strings.HasPrefix(f[1], "name=") {
+			continue // the unified hierarchy beside v1 controllers, or a named one
+		}
+		if !strings.HasSuffix(f[2], "/"+id) {
+			t.Errorf("the sandbox (PID %d) is in %q for %q, not in the container's cgroup %q", pid, f[2], f[1], "/"+id)
+		}
+		moved++
+	}
+	if moved == 0 {
+		t.Errorf("found no cgroup hierarchy of the sandbox (PID %d) to check:\n%s", pid, sandboxCgroup)
 	}
 	for h, path := range hooks {
 		got, err := os.ReadFile(path)
