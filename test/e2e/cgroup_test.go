@@ -20,10 +20,7 @@ import (
 // runsc's own, as before: a hook that started while runsc was still on its
 // way out would be counted and limited as part of the container.
 func TestHooksStartInRunscCgroup(t *testing.T) {
-	bin := binary(t, "runsc")
-	dir := t.TempDir()
-	r := &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}
-	t.Cleanup(r.Cleanup)
+	r, dir := newRoot(t, binary(t, "runsc"))
 	bundle := filepath.Join(dir, "bundle")
 	if err := sandbox.NewBundle(bundle, tickBin, "-mib", "8", "-interval", "50ms"); err != nil {
 		t.Fatal(err)

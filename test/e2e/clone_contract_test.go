@@ -90,10 +90,7 @@ func TestCloneContract(t *testing.T) {
 // TestRestoreSignalRefused checks that an invalid restore signal annotation
 // is refused before a sandbox starts, naming the spec file.
 func TestRestoreSignalRefused(t *testing.T) {
-	bin := binary(t, "runsc")
-	dir := t.TempDir()
-	r := &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}
-	t.Cleanup(r.Cleanup)
+	r, dir := newRoot(t, binary(t, "runsc"))
 	bundle := filepath.Join(dir, "bundle")
 	if err := sandbox.NewBundle(bundle, probeBin); err != nil {
 		t.Fatal(err)

@@ -70,6 +70,16 @@ func binary(t *testing.T, name string) string {
 	return p
 }
 
+// newRoot returns a runsc of binary bin with a root of its own under a new
+// temporary directory, which it also returns; the test cleans it up.
+func newRoot(t *testing.T, bin string) (*sandbox.Runsc, string) {
+	t.Helper()
+	dir := t.TempDir()
+	r := &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}
+	t.Cleanup(r.Cleanup)
+	return r, dir
+}
+
 // source is a tick workload running in a sandbox of its own runsc root.
 type source struct {
 	r      *sandbox.Runsc

@@ -20,9 +20,7 @@ func TestSharedBasePythonClones(t *testing.T) {
 	if _, err := sandbox.PyRootfs(repoRoot); err != nil {
 		prereq.Missing(t, "%v", err)
 	}
-	dir := t.TempDir()
-	r := &sandbox.Runsc{Bin: bin, Root: filepath.Join(dir, "root")}
-	t.Cleanup(r.Cleanup)
+	r, dir := newRoot(t, bin)
 	bundle := filepath.Join(dir, "bundle")
 	if err := sandbox.NewPyAgentBundle(bundle, repoRoot, 50000, 100*time.Millisecond); err != nil {
 		t.Fatal(err)
