@@ -1,5 +1,6 @@
 // Command restorephases prints where the time of `runsc restore` goes, phase
-// by phase (restorelog.Phases), from runsc's debug logs: for each directory
+// by phase (restorelog.Phases), and costs within the phases that every image
+// pays (restorelog.Steps), from runsc's debug logs: for each directory
 // given (one per runtime, as `forkbench -log-dir DIR` writes them:
 // DIR/<scenario>-<runtime>), the first restore and the median of the others,
 // and the kernel load's most expensive object types. Each phase's median is
@@ -64,6 +65,14 @@ func main() {
 		row(p.Name, func(r *restorelog.Restore) (time.Duration, bool) { return r.Phase(p) })
 	}
 	row("total: runsc restore → tasks started", (*restorelog.Restore).Total)
+	fmt.Fprint(tw, "within the phases (not additive):\t")
+	for range cols {
+		fmt.Fprint(tw, "\t\t")
+	}
+	fmt.Fprintln(tw)
+	for _, p := range restorelog.Steps {
+		row(p.Name, func(r *restorelog.Restore) (time.Duration, bool) { return r.Phase(p) })
+	}
 	tw.Flush()
 
 	for _, c := range cols {

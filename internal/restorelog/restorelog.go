@@ -49,6 +49,33 @@ var Phases = []Phase{
 	{"start the restored tasks", "kernel loaded", EndMilestone},
 }
 
+// Milestones of the `runsc restore` command's own log, for a restore that
+// creates its sandbox (read from its log lines, whose times are when they
+// were written).
+const (
+	// CgroupJoinStarted is runsc's first "Joining cgroup" line: it moves
+	// itself into the container's cgroup to start the gofer and sandbox
+	// there (cgroup v1, or v2 without CLONE_INTO_CGROUP).
+	CgroupJoinStarted = "runsc: joining cgroup"
+	// CgroupJoined is the first line after the join's that is not the
+	// cgroup package's.
+	CgroupJoined = "runsc: cgroup joined"
+	// SandboxStarted is runsc's "Sandbox started" line.
+	SandboxStarted = "runsc: sandbox started"
+	// ContainerCreated is runsc restore's "Restore: IMAGE" line, logged
+	// once the container is created, just before the Restore RPC.
+	ContainerCreated = "runsc: container created"
+)
+
+// Steps are costs within the phases that every image pays, from milestones
+// of either log; unlike Phases they do not add up to anything.
+var Steps = []Phase{
+	{"runsc's move into the container's cgroup", CgroupJoinStarted, CgroupJoined},
+	{"sandbox started → container created (runsc)", SandboxStarted, ContainerCreated},
+	{"CPUID (cpuid.Initialize, sandbox)", "boot subcommand dispatched", "CPUID initialized"},
+	{"seccheck.Initialize (sandbox)", "resolved mounts read", "seccheck initialized"},
+}
+
 // Restore is what one sandbox's logs say of its restore.
 type Restore struct {
 	// BootLog is the sandbox's log file.
@@ -134,12 +161,74 @@ func Dir(dir string) ([]*Restore, error) {
 			if m := logNameTime.FindStringSubmatch(cmd); m != nil {
 				if t, err := time.ParseInLocation("20060102-150405.000000", m[1], time.Local); err == nil {
 					r.At[StartMilestone] = t
+					if err := readCommand(cmd, t, r.At); err != nil {
+						return nil, err
+					}
 				}
 			}
 		}
 		rs = append(rs, r)
 	}
 	return rs, nil
+}
+
+// commandLine matches a line of the restore command's log: its time, and
+// what the command milestones need of the rest.
+var commandLine = regexp.MustCompile(`^[DIWEF](\d{4} \d\d:\d\d:\d\d\.\d{6}) +\d+ (\S+):\d+\] (.*)$`)
+
+// readCommand adds to at the milestones of the restore command's log at
+// path (CgroupJoinStarted and the others), each the first time it happens.
+// The log's lines carry no year: it is start's, the time the command
+// started, moved to the next year for a line dated before start's day (a
+// run across New Year's Eve).
+func readCommand(path string, start time.Time, at map[string]time.Time) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	set := func(name string, t time.Time) {
+		if _, seen := at[name]; !seen {
+			at[name] = t
+		}
+	}
+	joining := false
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := commandLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		t, err := time.ParseInLocation("2006 0102 15:04:05.000000", fmt.Sprintf("%d %s", start.Year(), m[1]), start.Location())
+		if err != nil {
+			return fmt.Errorf("%s: %q: %w", path, sc.Text(), err)
+		}
+		if t.Before(start.Truncate(24 * time.Hour)) {
+			t = t.AddDate(1, 0, 0)
+		}
+		file, msg := m[2], m[3]
+		switch {
+		case strings.HasPrefix(msg, "Joining cgroup "):
+			if _, seen := at[CgroupJoinStarted]; !seen {
+				joining = true
+			}
+			set(CgroupJoinStarted, t)
+		case joining && file != "cgroup.go":
+			joining = false
+			set(CgroupJoined, t)
+		}
+		switch {
+		case strings.HasPrefix(msg, "Sandbox started, PID"):
+			set(SandboxStarted, t)
+		case file == "restore.go" && strings.HasPrefix(msg, "Restore: "):
+			set(ContainerCreated, t)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }
 
 // readBoot reads a sandbox's log, or returns nil if it holds no restore.

@@ -65,7 +65,17 @@ func TestDir(t *testing.T) {
 	}
 	stamp := start.Format("20060102-150405.000000")
 	write("runsc.log."+stamp+".boot.txt", boot.String())
-	write("runsc.log."+stamp+".restore.txt", "I1201 23:59:59.951000   21974 cli.go:275] **************** gVisor ****************\n")
+	// The command's own lines, across midnight: the join (two cgroup.go
+	// lines, then the first line of another file), the sandbox's start and
+	// the container's creation.
+	write("runsc.log."+stamp+".restore.txt", "I1201 23:59:59.951000   21974 cli.go:275] **************** gVisor ****************\n"+
+		"D1201 23:59:59.955000   21974 cgroup.go:721] Joining cgroup \"/sys/fs/cgroup/cpu/c\"\n"+
+		"D1201 23:59:59.955010   21974 cgroup.go:163] Setting \"/sys/fs/cgroup/cpu/c/cgroup.procs\" to \"0\"\n"+
+		"D1201 23:59:59.967000   21974 cgroup.go:721] Joining cgroup \"/sys/fs/cgroup/memory/c\"\n"+
+		"I1202 00:00:00.001000   21974 namespace.go:201] Mapping host uid 0 to container uid 0 (size=4294967295)\n"+
+		"I1202 00:00:00.005000   21974 sandbox.go:1480] Sandbox started, PID: 21990\n"+
+		"D1202 00:00:00.040000   21974 restore.go:256] Restore: /tmp/image\n"+
+		"D1202 00:00:00.090000   21974 restore.go:256] Restore: /tmp/image\n")
 	// A sandbox that was started, not restored, is not a restore.
 	write("runsc.log.20261201-235900.000000.boot.txt", logLine("runsc boot", "Go code running", start.Add(-time.Minute), 0))
 
@@ -96,6 +106,24 @@ func TestDir(t *testing.T) {
 		}
 		if !ok || got != tc.want {
 			t.Errorf("phase %q = %v, %v; want %v", tc.phase, got, ok, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		step string
+		want time.Duration
+	}{
+		{"runsc's move into the container's cgroup", 46 * time.Millisecond},
+		{"sandbox started → container created (runsc)", 35 * time.Millisecond},
+	} {
+		var got time.Duration
+		var ok bool
+		for _, p := range Steps {
+			if p.Name == tc.step {
+				got, ok = r.Phase(p)
+			}
+		}
+		if !ok || got != tc.want {
+			t.Errorf("step %q = %v, %v; want %v", tc.step, got, ok, tc.want)
 		}
 	}
 	if total, ok := r.Total(); !ok || total != 230*time.Millisecond {
