@@ -63,7 +63,8 @@ func upstreamFleetPss(t *testing.T, mib, n int, args ...string) float64 {
 // workload share the base: 4 clones of a 128 MiB heap, each having read its
 // whole heap, must fit in one base plus a per-clone allowance far below a
 // copy of the heap. A restore that silently copied the base (as upstream
-// does) needs about 4 x 150 MiB and fails.
+// does) needs about 4 x 150 MiB and fails, and so does a first clone that
+// keeps the speculative copy it learned its write set from.
 func TestSharedBaseReadersShareMemory(t *testing.T) {
 	const mib, clones, perCloneMiB = 128, 4, 48
 	p := parkSource(t, mib)
@@ -115,6 +116,11 @@ func TestSharedBaseWriterClones(t *testing.T) {
 			}
 			if !logsContain(t, logs, "learned a write set") || !logsContain(t, logs, "applying a write set") {
 				t.Errorf("the first clone should learn the write set and later clones apply it (debug logs in %s)", logs)
+			}
+			// The learner copies the base while its kernel state loads, not
+			// inside its faults, and gives back what it did not write.
+			if !logsContain(t, logs, "of a speculative copy of the base") || !logsContain(t, logs, "copied speculatively and") {
+				t.Errorf("the first clone should learn from a speculative copy of the base and give back what it did not write (debug logs in %s)", logs)
 			}
 			pss := fleetPss(t, p.r, ids)
 			t.Logf("%d clones storing into %d%% of %d MiB: total Pss %.1f MiB, upstream %.1f MiB", clones, pct, mib, pss, upstream)
