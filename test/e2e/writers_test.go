@@ -119,7 +119,7 @@ func TestSharedBaseWriterClones(t *testing.T) {
 			}
 			// The learner copies the base while its kernel state loads, not
 			// inside its faults, and gives back what it did not write.
-			if !logsContain(t, logs, "of a speculative copy of the base") || !logsContain(t, logs, "copied speculatively and") {
+			if !logsContain(t, logs, "of a speculative copy of the base") || !logsContain(t, logs, "of speculative copies in") {
 				t.Errorf("the first clone should learn from a speculative copy of the base and give back what it did not write (debug logs in %s)", logs)
 			}
 			pss := fleetPss(t, p.r, ids)
