@@ -244,3 +244,43 @@ func TestSharedBaseExecBreaksCOW(t *testing.T) {
 	}
 	waitFullCheck(t, out, 16)
 }
+
+// TestSharedBaseParkWhileLearning parks the clone that learns the base's
+// write set with --leave-running right after its first tick, while it is
+// likely still learning from (and holding) its speculative copy of the base
+// (patch 0030), whose copies are given back only outside a checkpoint.
+// The clone keeps ticking with its heap intact and still writes the write
+// set, and a clone of the new image continues from the parked tick with its
+// heap intact.
+func TestSharedBaseParkWhileLearning(t *testing.T) {
+	const mib = 64
+	p := parkSource(t, mib, "-write-pct", "30")
+	logs := filepath.Join(p.dir, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p.r.LogDir = logs
+	out := p.restoreClone(t, "learner", p.image, p.lastTick)
+	before := lastTick(t, out).N
+	image2 := filepath.Join(p.dir, "image-learning")
+	if err := p.r.Checkpoint("learner", image2, "--shared-base", "--leave-running"); err != nil {
+		t.Fatal(err)
+	}
+	after := lastTick(t, out).N
+	waitWriteSet(t, p.r.WriteSetPath(p.image))
+	waitFullCheck(t, out, mib)
+	if !logsContain(t, logs, "of a speculative copy of the base") || !logsContain(t, logs, "of speculative copies in") {
+		t.Errorf("the learner should copy the base speculatively and give back what it did not write (debug logs in %s)", logs)
+	}
+
+	out2 := filepath.Join(p.dir, "clone.out")
+	tk, _, err := p.r.RestoreFirstTick(p.bundle, "clone", image2, out2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The park saved a tick between the ones printed before and after it.
+	if !tk.OK || tk.N <= before || tk.N > after+1 {
+		t.Fatalf("clone of the learner parked between ticks %d and %d: first tick %d, heap ok %t", before, after, tk.N, tk.OK)
+	}
+	waitFullCheck(t, out2, mib)
+}
