@@ -88,42 +88,27 @@ func TestDir(t *testing.T) {
 	}
 	r := rs[0]
 	for _, tc := range []struct {
-		phase string
-		want  time.Duration
-	}{
-		{"runsc restore → sandbox process runs", 40 * time.Millisecond},
-		{"waiting for the Restore RPC", 15 * time.Millisecond},
-		{"kernel state load (object graph)", 80 * time.Millisecond},
-		{"memory, network stack, VFS", 10 * time.Millisecond},
-		{"start the restored tasks", 20 * time.Millisecond},
-	} {
-		var got time.Duration
-		var ok bool
-		for _, p := range Phases {
-			if p.Name == tc.phase {
-				got, ok = r.Phase(p)
-			}
-		}
-		if !ok || got != tc.want {
-			t.Errorf("phase %q = %v, %v; want %v", tc.phase, got, ok, tc.want)
-		}
-	}
-	for _, tc := range []struct {
-		step string
+		in   []Phase
+		name string
 		want time.Duration
 	}{
-		{"runsc's move into the container's cgroup", 46 * time.Millisecond},
-		{"sandbox started → container created (runsc)", 35 * time.Millisecond},
+		{Phases, "runsc restore → sandbox process runs", 40 * time.Millisecond},
+		{Phases, "waiting for the Restore RPC", 15 * time.Millisecond},
+		{Phases, "kernel state load (object graph)", 80 * time.Millisecond},
+		{Phases, "memory, network stack, VFS", 10 * time.Millisecond},
+		{Phases, "start the restored tasks", 20 * time.Millisecond},
+		{Steps, "runsc's move into the container's cgroup", 46 * time.Millisecond},
+		{Steps, "sandbox started → container created (runsc)", 35 * time.Millisecond},
 	} {
 		var got time.Duration
 		var ok bool
-		for _, p := range Steps {
-			if p.Name == tc.step {
+		for _, p := range tc.in {
+			if p.Name == tc.name {
 				got, ok = r.Phase(p)
 			}
 		}
 		if !ok || got != tc.want {
-			t.Errorf("step %q = %v, %v; want %v", tc.step, got, ok, tc.want)
+			t.Errorf("%q = %v, %v; want %v", tc.name, got, ok, tc.want)
 		}
 	}
 	if total, ok := r.Total(); !ok || total != 230*time.Millisecond {
