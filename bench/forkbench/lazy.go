@@ -13,8 +13,12 @@ import (
 )
 
 // LazyResult is one way of getting a parked sandbox running on a node, in
-// the lazy scenario: from the node that parked it (warm), after pulling it
-// whole onto a cold node (pull), or on a cold node from a lazy pull (lazy,
+// the lazy scenario: from the node that parked it (forkvisor only: learn,
+// the first restore there, which learns the base's write set from a
+// speculative copy of the whole base; then warm, a restore that applies the
+// learned write set, as every later restore on that node does), after
+// pulling it whole onto a cold node (pull; forkvisor's is that node's first
+// restore, so it learns), or on a cold node from a lazy pull (lazy,
 // forkvisor only).
 type LazyResult struct {
 	Runtime string `json:"runtime"`
@@ -108,6 +112,11 @@ func lazyRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB in
 		node.Destroy(id)
 	}
 	if rt.fork {
+		// restore waits for a full pass, longer than a learner learns, so
+		// the write set is written before the warm restore.
+		learn := LazyResult{Runtime: rt.name, Mode: "learn", HeapMiB: heapMiB}
+		restore(nodeA, image, "learn", nil, &learn)
+		out = append(out, learn)
 		warm := LazyResult{Runtime: rt.name, Mode: "warm", HeapMiB: heapMiB}
 		restore(nodeA, image, "warm", nil, &warm)
 		out = append(out, warm)

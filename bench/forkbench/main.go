@@ -28,7 +28,8 @@
 //	           (which holds the base by then) and restore. Upstream's plain
 //	           checkpoint travels as one artifact of its files.
 //	lazy       park a 1 GiB tick workload (-lazy-mib) on node A and push it;
-//	           then restore it on A (warm, forkvisor), on a cold node after a
+//	           then restore it on A (forkvisor: learn, the first restore,
+//	           which learns the write set; then warm, which applies it), on a cold node after a
 //	           full pull (both runtimes; forkvisor verifies and stores the
 //	           base), and on a cold node after `pull --lazy` with the node's
 //	           lazy fetcher (forkvisor): pull, restore -> first tick, the
