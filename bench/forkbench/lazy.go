@@ -112,13 +112,13 @@ func lazyRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB in
 		node.Destroy(id)
 	}
 	if rt.fork {
-		// restore waits for a full pass, longer than a learner learns, so
-		// the write set is written before the warm restore.
+		// The warm restore applies the set that this first restore
+		// learns; wait until it is written.
 		learn := LazyResult{Runtime: rt.name, Mode: "learn", HeapMiB: heapMiB}
 		restore(nodeA, image, "learn", nil, &learn)
 		out = append(out, learn)
-		if !haveWriteSet(nodeA.StorePath(), image) {
-			fatalf("lazy: the first restore on node A left no write set in %s or %s: the warm restore would learn again", nodeA.StorePath(), image)
+		if err := sandbox.WaitWriteSet(nodeA.WriteSetPath(image), 15*time.Second); err != nil {
+			fatalf("lazy: the first restore on node A learned no write set, so the warm restore would learn again: %v", err)
 		}
 		warm := LazyResult{Runtime: rt.name, Mode: "warm", HeapMiB: heapMiB}
 		restore(nodeA, image, "warm", nil, &warm)
@@ -175,19 +175,6 @@ func lazyRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB in
 		must(os.WriteFile(filepath.Join(logs, "fetches.jsonl"), log, 0o644))
 	}
 	return out
-}
-
-// haveWriteSet reports whether a non-empty write set lies in the base store
-// at store or beside the base of the image at imageDir: a restore that
-// learned one has written it (runsc/sharedbase: base.img -> base.writeset).
-func haveWriteSet(store, imageDir string) bool {
-	paths, _ := filepath.Glob(filepath.Join(store, "sha256", "*", "base.writeset"))
-	for _, p := range append(paths, filepath.Join(imageDir, "base.writeset")) {
-		if st, err := os.Stat(p); err == nil && st.Size() > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // digestIn returns the base digest ("sha256:<hex>") that forkvisor-oci

@@ -246,41 +246,94 @@ func TestSharedBaseExecBreaksCOW(t *testing.T) {
 }
 
 // TestSharedBaseParkWhileLearning parks the clone that learns the base's
-// write set with --leave-running right after its first tick, while it is
-// likely still learning from (and holding) its speculative copy of the base
-// (patch 0030), whose copies are given back only outside a checkpoint.
-// The clone keeps ticking with its heap intact and still writes the write
-// set, and a clone of the new image continues from the parked tick with its
-// heap intact.
+// write set with --leave-running while it holds its speculative copy of the
+// base (patch 0030), whose copies are given back only outside a
+// checkpoint: once right after its first tick (running: it is likely still
+// learning, which nothing here can force), and once paused (`runsc pause`)
+// right after it was restored with --paused and resumed (paused: learning
+// starts at the resume and ends only after 250 ms without a new write,
+// paused time not counted, so the learner certainly holds its copy during
+// the park; the park saves the copy's unchanged pages as base-backed). The clone keeps ticking with its heap intact
+// and still writes the write set, and a clone of the new image continues
+// from the parked tick with its heap intact.
 func TestSharedBaseParkWhileLearning(t *testing.T) {
-	const mib = 64
-	p := parkSource(t, mib, "-write-pct", "30")
-	logs := filepath.Join(p.dir, "logs")
-	if err := os.MkdirAll(logs, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	p.r.LogDir = logs
-	out := p.restoreClone(t, "learner", p.image, p.lastTick)
-	before := lastTick(t, out).N
-	image2 := filepath.Join(p.dir, "image-learning")
-	if err := p.r.Checkpoint("learner", image2, "--shared-base", "--leave-running"); err != nil {
-		t.Fatal(err)
-	}
-	after := lastTick(t, out).N
-	waitWriteSet(t, p.r.WriteSetPath(p.image))
-	waitFullCheck(t, out, mib)
-	if !logsContain(t, logs, "of a speculative copy of the base") || !logsContain(t, logs, "of speculative copies in") {
-		t.Errorf("the learner should copy the base speculatively and give back what it did not write (debug logs in %s)", logs)
-	}
+	for _, paused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("paused=%t", paused), func(t *testing.T) {
+			const mib = 64
+			p := parkSource(t, mib, "-write-pct", "30")
+			logs := filepath.Join(p.dir, "logs")
+			if err := os.MkdirAll(logs, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			p.r.LogDir = logs
+			image2 := filepath.Join(p.dir, "image-learning")
+			var out string
+			var before, after int
+			if !paused {
+				out = p.restoreClone(t, "learner", p.image, p.lastTick)
+				before = lastTick(t, out).N
+				if err := p.r.Checkpoint("learner", image2, "--shared-base", "--leave-running"); err != nil {
+					t.Fatal(err)
+				}
+				after = lastTick(t, out).N
+			} else {
+				out = filepath.Join(p.dir, "learner.out")
+				if err := p.r.Restore(p.bundle, "learner", p.image, out, "--paused"); err != nil {
+					t.Fatal(err)
+				}
+				if err := p.r.Resume("learner"); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := p.r.Exec("pause", "learner"); err != nil {
+					t.Fatal(err)
+				}
+				if err := p.r.Checkpoint("learner", image2, "--shared-base", "--leave-running"); err != nil {
+					t.Fatal(err)
+				}
+				// The learner held its copy through the park (it gives
+				// the copy back only after 250 ms of unpaused quiet), and
+				// the park saved the copy's pages that still hold the
+				// base's bytes as base-backed, not as the clone's own.
+				if logsContain(t, logs, "of speculative copies in") {
+					t.Fatalf("the learner gave its copy back before the park (debug logs in %s)", logs)
+				}
+				st, err := os.Stat(filepath.Join(image2, "pages.img"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.Size() > mib<<20/8 {
+					t.Fatalf("parking the paused learner saved %d bytes of pages; its %d MiB copy of the base should be saved as base-backed", st.Size(), mib)
+				}
+				if !p.r.Paused("learner") {
+					t.Fatalf("parking the paused learner with --leave-running resumed it")
+				}
+				if err := p.r.Resume("learner"); err != nil {
+					t.Fatal(err)
+				}
+				// The learner may have ticked between its resume and
+				// its pause.
+				before, after = p.lastTick, p.lastTick
+				if len(sandbox.Lines(out)) != 0 {
+					after = lastTick(t, out).N
+				}
+			}
+			waitWriteSet(t, p.r.WriteSetPath(p.image))
+			waitFullCheck(t, out, mib)
+			if !logsContain(t, logs, "of a speculative copy of the base") || !logsContain(t, logs, "of speculative copies in") {
+				t.Errorf("the learner should copy the base speculatively and give back what it did not write (debug logs in %s)", logs)
+			}
 
-	out2 := filepath.Join(p.dir, "clone.out")
-	tk, _, err := p.r.RestoreFirstTick(p.bundle, "clone", image2, out2)
-	if err != nil {
-		t.Fatal(err)
+			out2 := filepath.Join(p.dir, "clone.out")
+			tk, _, err := p.r.RestoreFirstTick(p.bundle, "clone", image2, out2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The park saved a tick between the ones printed before and
+			// after it.
+			if !tk.OK || tk.N <= before || tk.N > after+1 {
+				t.Fatalf("clone of the learner parked between ticks %d and %d: first tick %d, heap ok %t", before, after, tk.N, tk.OK)
+			}
+			waitFullCheck(t, out2, mib)
+		})
 	}
-	// The park saved a tick between the ones printed before and after it.
-	if !tk.OK || tk.N <= before || tk.N > after+1 {
-		t.Fatalf("clone of the learner parked between ticks %d and %d: first tick %d, heap ok %t", before, after, tk.N, tk.OK)
-	}
-	waitFullCheck(t, out2, mib)
 }
