@@ -84,6 +84,11 @@ func push(ctx context.Context, w io.Writer, imageDir, store, ref string, opts oc
 	if res.BaseDigest != "" {
 		fmt.Fprintf(w, "base %s: %d blocks, %d zero (not pushed), %d uploaded; base manifest %s\n",
 			res.BaseDigest, res.Blocks, res.ZeroBlocks, res.BlocksPushed, res.BaseManifest.Digest)
+		if res.WriteSetBytes > 0 {
+			fmt.Fprintf(w, "base write set: %d bytes, pushed with the checkpoint\n", res.WriteSetBytes)
+		} else {
+			fmt.Fprintln(w, "base write set: none learned on this node yet, not pushed")
+		}
 	}
 	fmt.Fprintf(w, "uploaded %d bytes\n", res.BytesPushed)
 	return nil
@@ -106,6 +111,9 @@ func pull(ctx context.Context, w io.Writer, ref, imageDir string, store ociartif
 	default:
 		fmt.Fprintf(w, "base %s: %d blocks, %d zero (not fetched), %d fetched and verified, stored in %s\n",
 			res.BaseDigest, res.Blocks, res.ZeroBlocks, res.BlocksFetched, store.Root)
+	}
+	if res.WriteSet != "" {
+		fmt.Fprintf(w, "base write set: %s\n", res.WriteSet)
 	}
 	fmt.Fprintf(w, "fetched %d bytes\n", res.BytesFetched)
 	return nil

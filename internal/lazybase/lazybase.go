@@ -6,9 +6,19 @@
 // one per node) serves every registered base as a read-only file of a FUSE
 // filesystem mounted in the store:
 //
-//	STORE/lazy/<hex>/base.img    the base, as runsc restore maps it
-//	STORE/lazy/<hex>/base.json   its publish record (runsc's base.json)
-//	STORE/lazy-cache/<hex>/      manifest.json, source.json, blocks, fetches.jsonl
+//	STORE/lazy/<hex>/base.img       the base, as runsc restore maps it
+//	STORE/lazy/<hex>/base.json      its publish record (runsc's base.json)
+//	STORE/lazy/<hex>/base.writeset  its write set, if the pull brought one
+//	STORE/lazy-cache/<hex>/         manifest.json, source.json, blocks,
+//	                                fetches.jsonl, base.writeset
+//
+// A lazy node cannot learn a base's write set (the pages that its clones
+// write right after a restore, which runsc copies in bulk while the sandbox
+// starts): base.img is read-only here. A checkpoint pulled from a node that
+// had learned one carries it (AddWriteSet), and runsc applies it after
+// checking it against the base; the fetcher serves it as it was registered
+// (a set added after the fetcher first served the base is served after the
+// fetcher restarts).
 //
 // A read of base.img first makes sure that every 2 MiB block it overlaps is
 // present in the node's cache file (blocks): a block that is not is fetched
@@ -49,6 +59,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -83,6 +94,10 @@ const (
 	fetchLogName = "fetches.jsonl"
 	baseName     = "base.img"
 	recordName   = "base.json"
+	writeSetName = "base.writeset"
+
+	// maxWriteSetBytes bounds a write set that the fetcher serves.
+	maxWriteSetBytes = 16 << 20
 )
 
 // Source says where the blocks of a base are.
@@ -155,6 +170,39 @@ func Register(root string, m *blockmanifest.Manifest, src Source) error {
 		return fmt.Errorf("registering lazy base %s in %s: %w", m.Digest, root, err)
 	}
 	return nil
+}
+
+// AddWriteSet records data as the write set of the registered base hex
+// (runsc's base.writeset) unless it has one; it says whether it recorded
+// it. runsc checks a write set against its base before applying it, so
+// data is not decoded here.
+func AddWriteSet(root, hex string, data []byte) (bool, error) {
+	if !hexDigest.MatchString(hex) {
+		return false, fmt.Errorf("%q is not a sha256 hex digest", hex)
+	}
+	if len(data) == 0 || len(data) > maxWriteSetBytes {
+		return false, fmt.Errorf("write set of base sha256:%s: %d bytes, want 1 to %d", hex, len(data), maxWriteSetBytes)
+	}
+	dir := filepath.Join(root, CacheDir, hex)
+	if _, err := os.Stat(filepath.Join(dir, sourceName)); err != nil {
+		return false, fmt.Errorf("write set of base sha256:%s: the base is not registered: %w", hex, err)
+	}
+	path := filepath.Join(dir, writeSetName)
+	if _, err := os.Lstat(path); err == nil {
+		return false, nil
+	}
+	tmp := fmt.Sprintf("%s.%d-%d", path, os.Getpid(), time.Now().UnixNano())
+	defer os.Remove(tmp)
+	if err := writeSynced(tmp, data); err != nil {
+		return false, err
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return false, nil
+		}
+		return false, fmt.Errorf("write set of base sha256:%s: %w", hex, err)
+	}
+	return true, nil
 }
 
 func writeSynced(path string, data []byte) error {
@@ -327,8 +375,9 @@ type base struct {
 	fetch FetchFunc
 	// cache is the node's copy of the base's verified blocks (a sparse
 	// file of the base's length).
-	cache  *os.File
-	record []byte // the publish record served as base.json
+	cache    *os.File
+	record   []byte // the publish record served as base.json
+	writeSet []byte // served as base.writeset if not nil
 
 	group singleflight.Group
 
@@ -391,9 +440,34 @@ func (s *Server) loadBase(hex string) (*base, error) {
 		return nil, err
 	}
 	record, _ := json.Marshal(map[string]any{"version": 1, "length": m.Length, "sha256": hex, "image": baseName})
-	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}, prefetching: make(chan struct{}, maxPrefetches)}
+	writeSet, err := readWriteSet(filepath.Join(dir, writeSetName))
+	if err != nil {
+		// Served without it: runsc then restores without a write set.
+		fmt.Fprintf(os.Stderr, "lazybase: base sha256:%s: not serving its write set: %v\n", hex, err)
+	}
+	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, writeSet: writeSet, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}, prefetching: make(chan struct{}, maxPrefetches)}
 	s.bases[hex] = b
 	return b, nil
+}
+
+// readWriteSet returns the write set at path, nil if there is none.
+func readWriteSet(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxWriteSetBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) == 0 || len(data) > maxWriteSetBytes {
+		return nil, fmt.Errorf("%s: %d bytes, want 1 to %d", path, len(data), maxWriteSetBytes)
+	}
+	return data, nil
 }
 
 // readAt fills dest with the base's bytes at off, making sure first that
@@ -679,6 +753,9 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	dir := r.NewPersistentInode(ctx, &dirNode{}, fs.StableAttr{Mode: fuse.S_IFDIR})
 	dir.AddChild(baseName, dir.NewPersistentInode(ctx, &fileNode{b: b}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
 	dir.AddChild(recordName, dir.NewPersistentInode(ctx, &recordNode{data: b.record}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
+	if b.writeSet != nil {
+		dir.AddChild(writeSetName, dir.NewPersistentInode(ctx, &recordNode{data: b.writeSet}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
+	}
 	r.AddChild(name, dir, false)
 	out.Mode = fuse.S_IFDIR | 0o500
 	return dir, 0
@@ -735,7 +812,8 @@ func (n *fileNode) Read(ctx context.Context, f fs.FileHandle, dest []byte, off i
 	return fuse.ReadResultData(dest[:got]), 0
 }
 
-// recordNode is base.json of one base: a read-only file of fixed content.
+// recordNode is base.json or base.writeset of one base: a read-only file of
+// fixed content.
 type recordNode struct {
 	fs.Inode
 	data []byte

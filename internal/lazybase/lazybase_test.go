@@ -385,3 +385,61 @@ func TestRecentBlocksBounded(t *testing.T) {
 		t.Errorf("after reading block 0 and adding one: block 0 kept %t, block 1 kept %t, %d entries; want true, false, %d", kept0, kept1, lru.Len(), recentCapacity)
 	}
 }
+
+// TestServeWriteSet checks that a write set added to a registered base is
+// served beside it, read-only and as added; that the first one stands; and
+// that a base without one serves none.
+func TestServeWriteSet(t *testing.T) {
+	_, m, reg, root := registeredBase(t)
+	hexRoot := m.Digest[len("sha256:"):]
+	ws := []byte("GVWRSET\x00 a write set")
+	if ok, err := AddWriteSet(root, hexRoot, ws); !ok || err != nil {
+		t.Fatalf("AddWriteSet = %v, %v; want true, nil", ok, err)
+	}
+	if ok, err := AddWriteSet(root, hexRoot, []byte("another")); ok || err != nil {
+		t.Fatalf("AddWriteSet over the first = %v, %v; want false, nil", ok, err)
+	}
+	for _, tc := range []struct {
+		name string
+		hex  string
+		data []byte
+		want string
+	}{
+		{"unregistered base", hex.EncodeToString(make([]byte, 32)), ws, "not registered"},
+		{"not a digest", "../x", ws, "not a sha256 hex digest"},
+		{"empty", hexRoot, nil, "want 1 to"},
+	} {
+		if _, err := AddWriteSet(root, tc.hex, tc.data); err == nil || !bytes.Contains([]byte(err.Error()), []byte(tc.want)) {
+			t.Errorf("AddWriteSet (%s) = %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+	// A second base, registered without a write set.
+	other := filepath.Join(t.TempDir(), "other.img")
+	if err := os.WriteFile(other, append([]byte("another base"), make([]byte, 4096-12)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m2, err := blockmanifest.Build(f, 4096, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Register(root, m2, Source{Reference: "registry.test/base2"}); err != nil {
+		t.Fatal(err)
+	}
+	serve(t, root, reg)
+	path := filepath.Join(root, MountDir, hexRoot, writeSetName)
+	got, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(got, ws) {
+		t.Fatalf("%s = %q, %v; want %q", path, got, err, ws)
+	}
+	if _, err := os.OpenFile(path, os.O_RDWR, 0); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("opening the write set for writing: %v, want EROFS", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, MountDir, m2.Digest[len("sha256:"):], writeSetName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a base registered without a write set serves one: %v", err)
+	}
+}

@@ -15,7 +15,12 @@
 //     whose layers are the files of the image directory except the base
 //     (each titled with its file name), whose subject is the base manifest,
 //     and which carries the base digest as BaseDigestAnnotation. The
-//     reference (tag) names this manifest.
+//     reference (tag) names this manifest. When the parking node has
+//     learned the base's write set (the pages its clones write right after
+//     a restore), it rides along as a layer of WriteSetMediaType titled
+//     base.writeset: a node that cannot learn one itself (a lazy node,
+//     whose base is read-only) or has not yet (a cold node) applies it
+//     from its first restore.
 //
 // Pull is content-addressed: it fetches the checkpoint files, and the base
 // only if the node base store does not hold its digest yet; every blob is
@@ -67,6 +72,8 @@ const (
 	BlockMediaType         = "application/vnd.forkvisor.base.block.v1"
 	CheckpointArtifactType = "application/vnd.forkvisor.checkpoint.v1"
 	FileMediaType          = "application/vnd.forkvisor.checkpoint.file.v1"
+	// WriteSetMediaType is the base's write set (runsc's base.writeset).
+	WriteSetMediaType = "application/vnd.forkvisor.base.writeset.v1"
 	// BaseDigestAnnotation holds the base digest ("sha256:<hex>") on both
 	// manifests.
 	BaseDigestAnnotation = "dev.forkvisor.base.digest"
@@ -98,6 +105,10 @@ const (
 	maxManifestBytes = 4 << 20
 	// pageSize is the granularity of base lengths.
 	pageSize = 4096
+	// maxWriteSetBytes bounds the write set that push carries and pull
+	// accepts: 16 bytes per range, so a million ranges. A larger set is
+	// left behind by push; the receiving node learns its own.
+	maxWriteSetBytes = 16 << 20
 )
 
 // Options are the options of Push and Pull.
@@ -184,6 +195,66 @@ type PushResult struct {
 	// BytesPushed counts the block and file blobs uploaded (not the
 	// manifests and the block manifest config blob).
 	BytesPushed int64
+	// WriteSetBytes is the size of the base write set pushed with the
+	// checkpoint, 0 if none was.
+	WriteSetBytes int64
+}
+
+// writeSetMagic starts a complete write set (gVisor's pgalloc encoding): the
+// restore that learns one creates the file empty and writes it whole.
+var writeSetMagic = []byte("GVWRSET\x00")
+
+// writeSetOf returns the path of the write set that runsc keeps for the base
+// (hex digest hexDigest) of the checkpoint in imageDir: in the node base
+// store's entry when the image maps the stored file (links it, or has no
+// base.img), else beside the image's own base.img.
+func writeSetOf(imageDir, storeRoot, hexDigest string) string {
+	beside := filepath.Join(imageDir, writeSetName)
+	if storeRoot == "" {
+		return beside
+	}
+	entry := filepath.Join(storeRoot, "sha256", hexDigest)
+	stored, err := os.Stat(filepath.Join(entry, baseImageName))
+	if err != nil {
+		return beside
+	}
+	if own, err := os.Stat(filepath.Join(imageDir, baseImageName)); err == nil && !os.SameFile(own, stored) {
+		return beside
+	}
+	return filepath.Join(entry, writeSetName)
+}
+
+// pushWriteSet pushes the write set at path as a layer, if there is a
+// complete one no larger than maxWriteSetBytes; it returns its descriptor
+// (nil if none was pushed) and the bytes uploaded. The set is only a hint
+// of which pages to copy eagerly: its content is checked against the base
+// by the runsc that applies it, not here.
+func pushWriteSet(ctx context.Context, repo *remote.Repository, path string) (*ocispec.Descriptor, int64, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxWriteSetBytes+1))
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(data) > maxWriteSetBytes || !bytes.HasPrefix(data, writeSetMagic) {
+		return nil, 0, nil // Too large, or still being learned.
+	}
+	desc := content.NewDescriptorFromBytes(WriteSetMediaType, data)
+	desc.Annotations = map[string]string{ocispec.AnnotationTitle: writeSetName}
+	pushed, err := pushIfMissing(ctx, repo, desc, bytes.NewReader(data))
+	if err != nil {
+		return nil, 0, err
+	}
+	if !pushed {
+		return &desc, 0, nil
+	}
+	return &desc, desc.Size, nil
 }
 
 // Push pushes the checkpoint in imageDir to ref. A checkpoint saved with
@@ -224,6 +295,17 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 		}
 		res.BytesPushed += n
 		pack.Layers = append(pack.Layers, desc)
+	}
+	if d != nil {
+		desc, n, err := pushWriteSet(ctx, repo, writeSetOf(imageDir, storeRoot, d.SHA256))
+		if err != nil {
+			return nil, fmt.Errorf("pushing the write set of base %s to %s: %w", res.BaseDigest, ref, err)
+		}
+		if desc != nil {
+			res.WriteSetBytes = desc.Size
+			res.BytesPushed += n
+			pack.Layers = append(pack.Layers, *desc)
+		}
 	}
 	files, err := checkpointFiles(imageDir)
 	if err != nil {
@@ -467,6 +549,10 @@ type PullResult struct {
 	BytesFetched int64
 	// Files are the checkpoint files written.
 	Files []string
+	// WriteSet says what became of the base write set that the checkpoint
+	// carried: "" if it carried none, "installed" if the node now applies
+	// it, "kept" if the node had one already (its own is kept).
+	WriteSet string
 }
 
 // Pull fetches the checkpoint ref into imageDir, which must not exist, and
@@ -499,13 +585,20 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	res := &PullResult{BaseDigest: man.Annotations[BaseDigestAnnotation]}
 	var total int64
 	names := map[string]bool{}
-	for _, l := range man.Layers {
+	var writeSet *ocispec.Descriptor
+	files := make([]ocispec.Descriptor, 0, len(man.Layers))
+	for i, l := range man.Layers {
 		name := l.Annotations[ocispec.AnnotationTitle]
+		if l.MediaType == WriteSetMediaType && name == writeSetName && writeSet == nil && l.Size > 0 && l.Size <= maxWriteSetBytes {
+			writeSet = &man.Layers[i]
+			continue
+		}
 		if l.MediaType != FileMediaType || name == "" || name != filepath.Base(name) || name == "." || name == ".." || strings.HasPrefix(name, ".") || name == baseImageName || name == writeSetName || names[name] || l.Size < 0 {
 			return nil, fmt.Errorf("%s: checkpoint layer %s (%q, media type %q) is not a checkpoint file", ref, l.Digest, name, l.MediaType)
 		}
 		names[name] = true
 		total += l.Size
+		files = append(files, l)
 	}
 
 	parent := filepath.Dir(filepath.Clean(imageDir))
@@ -520,7 +613,7 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
 	defer os.RemoveAll(tmp)
-	for _, l := range man.Layers {
+	for _, l := range files {
 		name := l.Annotations[ocispec.AnnotationTitle]
 		n, err := fetchToFile(ctx, repo, l, filepath.Join(tmp, name))
 		if err != nil {
@@ -528,6 +621,13 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 		}
 		res.BytesFetched += n
 		res.Files = append(res.Files, name)
+	}
+	var writeSetData []byte
+	if writeSet != nil {
+		if writeSetData, err = fetchBytes(ctx, repo, *writeSet, maxWriteSetBytes); err != nil {
+			return nil, fmt.Errorf("%s: fetching the base write set (%s): %w", ref, writeSet.Digest, err)
+		}
+		res.BytesFetched += int64(len(writeSetData))
 	}
 	d, _, err := readBaseDescriptor(filepath.Join(tmp, baseDescriptorName))
 	switch {
@@ -572,7 +672,61 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
+	if d != nil && writeSetData != nil {
+		// A write set is a hint (which pages a restore copies eagerly),
+		// checked against the base by runsc before it is applied: failing
+		// to install it loses nothing that the pull promised.
+		var installed bool
+		var err error
+		if res.BaseLazy {
+			installed, err = lazybase.AddWriteSet(store.Root, d.SHA256, writeSetData)
+		} else {
+			installed, err = installFile(filepath.Join(store.Root, "sha256", d.SHA256, writeSetName), writeSetData)
+		}
+		switch {
+		case err != nil:
+			res.WriteSet = "not installed: " + err.Error()
+		case installed:
+			res.WriteSet = "installed"
+		default:
+			res.WriteSet = "kept"
+		}
+	}
 	return res, nil
+}
+
+// installFile creates path with data, read-only and synced, unless path
+// exists; it says whether it created it. The file appears whole or not at
+// all.
+func installFile(path string, data []byte) (bool, error) {
+	if _, err := os.Lstat(path); err == nil {
+		return false, nil
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".pull-")
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(0o444)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 // BlockFetcher returns the lazybase.FetchFunc that fetches base blocks from

@@ -14,6 +14,7 @@ import (
 	"oras.land/oras-go/v2/content"
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
+	"github.com/forkvisor/forkvisor/internal/lazybase"
 	"github.com/forkvisor/forkvisor/internal/ociregistry"
 	"github.com/forkvisor/forkvisor/internal/prereq"
 )
@@ -285,4 +286,81 @@ func TestPullBaseFailuresLeaveNothing(t *testing.T) {
 		defer os.WriteFile(path, orig, 0o644)
 		pull(t, "/nonexistent/runsc", "base block 0 ("+m.Blocks[0]+")")
 	})
+}
+
+// TestPushPullCarriesWriteSet checks that a complete write set beside the
+// base travels with the checkpoint, and that a lazy pull hands it to the
+// node's lazy fetcher, not to the image directory.
+func TestPushPullCarriesWriteSet(t *testing.T) {
+	reg := registry(t)
+	complete := append(bytes.Clone(writeSetMagic), []byte("ranges and checksum")...)
+	for _, tc := range []struct {
+		name string
+		// data is the write set beside base.img; nil for none.
+		data []byte
+		// want is what pull finds in the lazy fetcher's entry; nil for
+		// nothing.
+		want []byte
+	}{
+		{name: "none"},
+		{name: "complete", data: complete, want: complete},
+		{name: "being learned (empty)", data: []byte{}},
+		{name: "not a write set", data: []byte("GVWRSET")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, m := syntheticImage(t, "")
+			if tc.data != nil {
+				if err := os.WriteFile(filepath.Join(dir, writeSetName), tc.data, 0o444); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ref := reg.Addr + "/writeset/ckpt:" + strings.NewReplacer(" ", "-", "(", "", ")", "").Replace(tc.name)
+			pushed, err := Push(context.Background(), dir, "", ref, opts)
+			if err != nil {
+				t.Fatalf("Push: %v", err)
+			}
+			if pushed.WriteSetBytes != int64(len(tc.want)) {
+				t.Errorf("Push carried a write set of %d bytes, want %d", pushed.WriteSetBytes, len(tc.want))
+			}
+			store := t.TempDir()
+			image := filepath.Join(t.TempDir(), "image")
+			res, err := Pull(context.Background(), ref, image, BaseStore{Root: store}, Options{PlainHTTP: true, Lazy: true})
+			if err != nil {
+				t.Fatalf("Pull --lazy: %v", err)
+			}
+			hex := strings.TrimPrefix(m.Digest, "sha256:")
+			got, err := os.ReadFile(filepath.Join(store, lazybase.CacheDir, hex, writeSetName))
+			switch {
+			case tc.want == nil && (err == nil || res.WriteSet != ""):
+				t.Errorf("the lazy fetcher's entry has a write set (%d bytes, pull said %q), want none", len(got), res.WriteSet)
+			case tc.want != nil && (err != nil || !bytes.Equal(got, tc.want) || res.WriteSet != "installed"):
+				t.Errorf("the lazy fetcher's entry has write set %q (%v), pull said %q; want %q installed", got, err, res.WriteSet, tc.want)
+			}
+			if _, err := os.Lstat(filepath.Join(image, writeSetName)); err == nil {
+				t.Errorf("pull wrote %s into the image directory; it belongs to the node's base", writeSetName)
+			}
+		})
+	}
+}
+
+// TestInstallFile checks that installFile creates a read-only file whole and
+// keeps one that exists.
+func TestInstallFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), writeSetName)
+	if ok, err := installFile(path, []byte("first")); !ok || err != nil {
+		t.Fatalf("installFile into an empty place = %v, %v; want true, nil", ok, err)
+	}
+	if ok, err := installFile(path, []byte("second")); ok || err != nil {
+		t.Fatalf("installFile over an existing file = %v, %v; want false, nil", ok, err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "first" || st.Mode().Perm() != 0o444 {
+		t.Errorf("%s holds %q with mode %v, want \"first\" read-only", path, got, st.Mode().Perm())
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".*")); len(left) != 0 {
+		t.Errorf("installFile left %v", left)
+	}
 }

@@ -17,7 +17,9 @@ import (
 // base has arrived: node B's lazy fetcher fetches each block on first touch,
 // once for all clones, and only the blocks the clones touch. Then a tampered
 // block is refused at its first touch and a stopped registry gives errors,
-// and neither ever shows a clone wrong bytes.
+// and neither ever shows a clone wrong bytes. Node A restores once before it
+// pushes, so the artifact carries the base's learned write set, which node B
+// (whose base is read-only, so it cannot learn one) applies.
 func TestRegistryLazyRestore(t *testing.T) {
 	reg, dockerConfig := startRegistry(t)
 	// 64 MiB heap, 1 MiB of it checked per 50 ms tick: a clone's first
@@ -25,8 +27,15 @@ func TestRegistryLazyRestore(t *testing.T) {
 	src := startSource(t, "runsc", 64, "-check-mib", "1")
 	p := src.park(t, filepath.Join(src.dir, "image"), "--shared-base")
 	ref := reg.Addr + "/forkvisor/lazy:v1"
-	if out, err := ociTool(t, dockerConfig, "--base-store", p.r.StorePath(), "push", p.image, ref); err != nil {
-		t.Fatalf("push: %v: %s", err, out)
+	p.restoreClone(t, "a-learn", p.image, p.lastTick)
+	waitWriteSet(t, p.r.WriteSetPath(p.image))
+	p.r.Destroy("a-learn")
+	wantWriteSet, err := os.ReadFile(p.r.WriteSetPath(p.image))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ociTool(t, dockerConfig, "--base-store", p.r.StorePath(), "push", p.image, ref); err != nil || !strings.Contains(out, "pushed with the checkpoint") {
+		t.Fatalf("push (with the write set that node A learned): %v: %s", err, out)
 	}
 
 	dirB := t.TempDir()
@@ -44,8 +53,8 @@ func TestRegistryLazyRestore(t *testing.T) {
 
 	imageB := filepath.Join(dirB, "image")
 	out, err := ociTool(t, dockerConfig, "--base-store", store, "--runsc", p.r.Bin, "--lazy", "pull", ref, imageB)
-	if err != nil || !strings.Contains(out, "left to the lazy fetcher") {
-		t.Fatalf("pull --lazy: %v:\n%s", err, out)
+	if err != nil || !strings.Contains(out, "left to the lazy fetcher") || !strings.Contains(out, "base write set: installed") {
+		t.Fatalf("pull --lazy (which hands the write set to the lazy fetcher): %v:\n%s", err, out)
 	}
 	t.Logf("pull --lazy:\n%s", out)
 	m := regexp.MustCompile(`base sha256:([0-9a-f]{64})`).FindStringSubmatch(out)
@@ -61,6 +70,9 @@ func TestRegistryLazyRestore(t *testing.T) {
 	}
 	if fs, _ := lazybase.Fetches(store, hex); len(fs) != 0 {
 		t.Errorf("a lazy pull fetched %d base blocks", len(fs))
+	}
+	if got, err := os.ReadFile(filepath.Join(filepath.Dir(lazybase.Path(store, hex)), "base.writeset")); err != nil || string(got) != string(wantWriteSet) {
+		t.Errorf("the lazy fetcher serves a write set of %d bytes (%v), want node A's %d bytes", len(got), err, len(wantWriteSet))
 	}
 
 	// The block manifest, from node A's copy of the base.
@@ -88,10 +100,21 @@ func TestRegistryLazyRestore(t *testing.T) {
 		}
 		return n
 	}
+	logs := filepath.Join(dirB, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, id := range []string{"b1", "b2", "b3", "b4"} {
+		if id == "b1" {
+			nodeB.LogDir = logs
+		}
 		outs[id] = b.restoreClone(t, id, imageB, p.lastTick)
+		nodeB.LogDir = ""
 		if id != "b1" {
 			continue
+		}
+		if !logsContain(t, logs, "Applying write set") || !logsContain(t, logs, "applying a write set") || logsContain(t, logs, "Learning the write set") {
+			t.Errorf("the first clone on node B should apply the write set that came with the pull (debug logs in %s)", logs)
 		}
 		first := fetchedBytes()
 		t.Logf("at the first clone's first tick: %.1f MiB fetched of %.1f MiB of non-zero base (%d blocks of %.1f MiB)",

@@ -52,6 +52,9 @@ func countBefore(t *testing.T, out, word string) int {
 // (another root, a cold store) and restores clones there; then checks that
 // a second pull fetches no base, that a tampered block is refused with
 // nothing stored, and that a registry that went away gives a clear error.
+// Node A restores once before it pushes, so the artifact carries the base's
+// learned write set: node B's first restore applies it instead of learning
+// its own.
 func TestRegistryPushPull(t *testing.T) {
 	reg, dockerConfig := startRegistry(t)
 	// Node A keeps its store on another filesystem than its images (a
@@ -71,6 +74,13 @@ func TestRegistryPushPull(t *testing.T) {
 		t.Fatalf("node A's image holds base.img although its store is on another filesystem")
 	}
 	ref := reg.Addr + "/forkvisor/tick:v1"
+	p.restoreClone(t, "a-learn", p.image, p.lastTick)
+	waitWriteSet(t, p.r.WriteSetPath(p.image))
+	p.r.Destroy("a-learn")
+	wantWriteSet, err := os.ReadFile(p.r.WriteSetPath(p.image))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// Credentials come from the Docker configuration file only.
 	if out, err := ociTool(t, t.TempDir(), "--base-store", p.r.StorePath(), "push", p.image, ref); err == nil || !strings.Contains(out, "no credentials for "+reg.Addr) {
@@ -81,6 +91,9 @@ func TestRegistryPushPull(t *testing.T) {
 		t.Fatalf("push: %v: %s", err, out)
 	}
 	t.Logf("push:\n%s", out)
+	if !strings.Contains(out, "pushed with the checkpoint") {
+		t.Errorf("push did not carry the write set that node A learned:\n%s", out)
+	}
 	blocks, zero := countBefore(t, out, "blocks"), countBefore(t, out, "zero")
 	// The base spans the sandbox's memory file; a 32 MiB heap fills at least
 	// 16 of its 2 MiB blocks, and most of the rest is zero.
@@ -105,6 +118,9 @@ func TestRegistryPushPull(t *testing.T) {
 		t.Fatalf("pull: %v: %s", err, out)
 	}
 	t.Logf("pull:\n%s", out)
+	if !strings.Contains(out, "base write set: installed") {
+		t.Errorf("pull did not install the write set that came with the checkpoint:\n%s", out)
+	}
 	if got := countBefore(t, out, "fetched and verified"); got != blocks-zero {
 		t.Errorf("pull fetched %d blocks; want the %d non-zero ones", got, blocks-zero)
 	}
@@ -129,10 +145,21 @@ func TestRegistryPushPull(t *testing.T) {
 	if out, err := nodeB.Exec("bases", "--min-age=0", "gc"); err != nil || strings.Contains(out, "removed sha256") {
 		t.Errorf("bases gc removed a pulled image's base: %q, %v", out, err)
 	}
-	b := &parked{r: nodeB, dir: dirB, bundle: p.bundle, image: imageB, lastTick: p.lastTick}
-	for _, id := range []string{"b1", "b2"} {
-		b.restoreClone(t, id, imageB, p.lastTick)
+	if got, err := os.ReadFile(nodeB.WriteSetPath(imageB)); err != nil || string(got) != string(wantWriteSet) {
+		t.Errorf("node B's write set for the base: %d bytes (%v), want node A's %d bytes", len(got), err, len(wantWriteSet))
 	}
+	b := &parked{r: nodeB, dir: dirB, bundle: p.bundle, image: imageB, lastTick: p.lastTick}
+	logs := filepath.Join(dirB, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	nodeB.LogDir = logs
+	b.restoreClone(t, "b1", imageB, p.lastTick)
+	nodeB.LogDir = ""
+	if !logsContain(t, logs, "applying a write set") || logsContain(t, logs, "Learning the write set") {
+		t.Errorf("node B's first restore should apply the write set that came with the pull, not learn one (debug logs in %s)", logs)
+	}
+	b.restoreClone(t, "b2", imageB, p.lastTick)
 	nodeB.Destroy("b2")
 
 	// A second pull on node B fetches the checkpoint files only, and
