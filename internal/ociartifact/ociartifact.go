@@ -571,12 +571,15 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	if err != nil {
 		return nil, err
 	}
-	desc, err := repo.Resolve(ctx, repo.Reference.Reference)
+	// One round trip: resolve and fetch the manifest together.
+	desc, rc, err := repo.FetchReference(ctx, repo.Reference.Reference)
 	if err != nil {
 		return nil, fmt.Errorf("resolving %s: %w", ref, err)
 	}
 	var man ocispec.Manifest
-	if err := fetchJSON(ctx, repo, desc, maxManifestBytes, &man); err != nil {
+	err = decodeManifest(rc, desc, &man)
+	rc.Close()
+	if err != nil {
 		return nil, fmt.Errorf("%s: checkpoint manifest: %w", ref, err)
 	}
 	if man.ArtifactType != CheckpointArtifactType {
@@ -613,22 +616,46 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
 	defer os.RemoveAll(tmp)
+	// The files, the write set and the base manifest are fetched at once:
+	// each is a registry round trip, and none depends on another.
+	var (
+		fetched      atomic.Int64
+		writeSetData []byte
+		baseMan      *ocispec.Manifest
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(fetchWorkers)
 	for _, l := range files {
 		name := l.Annotations[ocispec.AnnotationTitle]
-		n, err := fetchToFile(ctx, repo, l, filepath.Join(tmp, name))
-		if err != nil {
-			return nil, fmt.Errorf("%s: fetching %s (%s): %w", ref, name, l.Digest, err)
-		}
-		res.BytesFetched += n
 		res.Files = append(res.Files, name)
+		g.Go(func() error {
+			n, err := fetchToFile(gctx, repo, l, filepath.Join(tmp, name))
+			if err != nil {
+				return fmt.Errorf("%s: fetching %s (%s): %w", ref, name, l.Digest, err)
+			}
+			fetched.Add(n)
+			return nil
+		})
 	}
-	var writeSetData []byte
 	if writeSet != nil {
-		if writeSetData, err = fetchBytes(ctx, repo, *writeSet, maxWriteSetBytes); err != nil {
-			return nil, fmt.Errorf("%s: fetching the base write set (%s): %w", ref, writeSet.Digest, err)
-		}
-		res.BytesFetched += int64(len(writeSetData))
+		g.Go(func() (err error) {
+			if writeSetData, err = fetchBytes(gctx, repo, *writeSet, maxWriteSetBytes); err != nil {
+				return fmt.Errorf("%s: fetching the base write set (%s): %w", ref, writeSet.Digest, err)
+			}
+			fetched.Add(int64(len(writeSetData)))
+			return nil
+		})
 	}
+	if man.Subject != nil {
+		g.Go(func() (err error) {
+			baseMan, err = fetchBaseManifest(gctx, repo, ref, *man.Subject)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	res.BytesFetched += fetched.Load()
 	d, _, err := readBaseDescriptor(filepath.Join(tmp, baseDescriptorName))
 	switch {
 	case errors.Is(err, os.ErrNotExist) && man.Subject == nil && res.BaseDigest == "":
@@ -640,7 +667,7 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	case man.Subject == nil || res.BaseDigest != "sha256:"+d.SHA256:
 		return nil, fmt.Errorf("%s: the checkpoint's %s needs base sha256:%s, the manifest names %q", ref, baseDescriptorName, d.SHA256, res.BaseDigest)
 	default:
-		m, layers, err := fetchBlockManifest(ctx, repo, ref, *man.Subject, d)
+		m, layers, err := fetchBlockManifest(ctx, repo, ref, *man.Subject, baseMan, d)
 		if err != nil {
 			return nil, err
 		}
@@ -746,14 +773,10 @@ func BlockFetcher(src lazybase.Source) (lazybase.FetchFunc, error) {
 	}, nil
 }
 
-// fetchBlockManifest fetches the base manifest subject and its block
-// manifest, and checks them against d; it returns the block manifest and
-// the manifest's block layers.
-func fetchBlockManifest(ctx context.Context, repo *remote.Repository, ref string, subject ocispec.Descriptor, d *baseDescriptor) (*blockmanifest.Manifest, []ocispec.Descriptor, error) {
-	var man ocispec.Manifest
-	if err := fetchJSON(ctx, repo, subject, maxManifestBytes, &man); err != nil {
-		return nil, nil, fmt.Errorf("%s: base manifest %s: %w", ref, subject.Digest, err)
-	}
+// fetchBlockManifest checks man, the base manifest subject, fetches its
+// block manifest, and checks both against d; it returns the block manifest
+// and the manifest's block layers.
+func fetchBlockManifest(ctx context.Context, repo *remote.Repository, ref string, subject ocispec.Descriptor, man *ocispec.Manifest, d *baseDescriptor) (*blockmanifest.Manifest, []ocispec.Descriptor, error) {
 	if man.ArtifactType != BaseArtifactType || man.Config.MediaType != blockmanifest.MediaType {
 		return nil, nil, fmt.Errorf("%s: base manifest %s is not a forkvisor base (artifact type %q, config %q)", ref, subject.Digest, man.ArtifactType, man.Config.MediaType)
 	}
@@ -931,6 +954,30 @@ func explain(err *error, ref string) {
 		host, _, _ := strings.Cut(ref, "/")
 		*err = fmt.Errorf("%w (no credentials for %s in the Docker configuration: $DOCKER_CONFIG/config.json or ~/.docker/config.json)", *err, host)
 	}
+}
+
+// fetchBaseManifest fetches the base manifest subject (which
+// fetchBlockManifest checks).
+func fetchBaseManifest(ctx context.Context, repo *remote.Repository, ref string, subject ocispec.Descriptor) (*ocispec.Manifest, error) {
+	var man ocispec.Manifest
+	if err := fetchJSON(ctx, repo, subject, maxManifestBytes, &man); err != nil {
+		return nil, fmt.Errorf("%s: base manifest %s: %w", ref, subject.Digest, err)
+	}
+	return &man, nil
+}
+
+// decodeManifest reads the manifest desc from rc, verified against desc and
+// refused before reading if it declares more than maxManifestBytes, and
+// decodes it into v.
+func decodeManifest(rc io.Reader, desc ocispec.Descriptor, v any) error {
+	if desc.Size < 0 || desc.Size > maxManifestBytes {
+		return fmt.Errorf("it declares %d bytes, more than the %d accepted", desc.Size, maxManifestBytes)
+	}
+	data, err := content.ReadAll(rc, desc)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(data, v)
 }
 
 // fetchBytes fetches desc, verified, refusing a descriptor that declares
