@@ -674,7 +674,7 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("block %d (%s) of base sha256:%s from %s: %w", i, want, b.hex, b.src.Reference, err)
 	}
 	if got := sumOf(data); uint64(len(data)) != n || got != want {
-		return nil, false, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest: %d bytes with digest %s, want %d bytes with %s; refused", i, b.hex, b.src.Reference, len(data), got, n, want)
+		return nil, false, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest (%d bytes with %s): %d bytes with digest %s; refused", i, b.hex, b.src.Reference, n, want, len(data), got)
 	}
 	if _, err := b.cache.WriteAt(data, int64(off)); err != nil {
 		return nil, false, fmt.Errorf("writing block %d of base sha256:%s to the node cache %s: %w", i, b.hex, b.cache.Name(), err)
