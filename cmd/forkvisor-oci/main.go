@@ -84,9 +84,12 @@ func push(ctx context.Context, w io.Writer, imageDir, store, ref string, opts oc
 	if res.BaseDigest != "" {
 		fmt.Fprintf(w, "base %s: %d blocks, %d zero (not pushed), %d uploaded; base manifest %s\n",
 			res.BaseDigest, res.Blocks, res.ZeroBlocks, res.BlocksPushed, res.BaseManifest.Digest)
-		if res.WriteSetBytes > 0 {
+		switch {
+		case res.WriteSetBytes > 0:
 			fmt.Fprintf(w, "base write set: %d bytes, pushed with the checkpoint\n", res.WriteSetBytes)
-		} else {
+		case res.WriteSetSkipped != "":
+			fmt.Fprintf(w, "base write set: not pushed: %s\n", res.WriteSetSkipped)
+		default:
 			fmt.Fprintln(w, "base write set: none learned on this node yet, not pushed")
 		}
 	}

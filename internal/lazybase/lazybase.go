@@ -16,9 +16,8 @@
 // write right after a restore, which runsc copies in bulk while the sandbox
 // starts): base.img is read-only here. A checkpoint pulled from a node that
 // had learned one carries it (AddWriteSet), and runsc applies it after
-// checking it against the base; the fetcher serves it as it was registered
-// (a set added after the fetcher first served the base is served after the
-// fetcher restarts).
+// checking it against the base; the fetcher serves the first one recorded,
+// also when it arrives after the fetcher started serving the base.
 //
 // A read of base.img first makes sure that every 2 MiB block it overlaps is
 // present in the node's cache file (blocks): a block that is not is fetched
@@ -109,8 +108,10 @@ type Source struct {
 	PlainHTTP bool `json:"plain_http,omitempty"`
 }
 
-// ErrMismatch is wrapped by a FetchFunc's error when the registry served
-// bytes that do not hash to the digest asked for.
+// ErrMismatch may be wrapped by a FetchFunc's error when the FetchFunc
+// checks digests itself and the registry served other content than the
+// digest names. The fetcher compares every block with the block manifest
+// whatever the FetchFunc checked.
 var ErrMismatch = errors.New("content does not match its digest")
 
 // FetchFunc fetches the blob with digest ("sha256:<hex>") and size.
@@ -322,6 +323,11 @@ func Serve(root string, newFetcher NewFetcherFunc) (*Server, error) {
 			// its header).
 			MaxWrite:      1 << 20,
 			DisableSplice: true,
+			// Asynchronous reads in flight before a reader blocks in
+			// the kernel (12 by default): runsc advises (FADV_WILLNEED)
+			// every block of a write set at once, and the fetcher
+			// fetches them in parallel.
+			MaxBackground: 128,
 		},
 		EntryTimeout:    &long,
 		AttrTimeout:     &long,
@@ -375,9 +381,8 @@ type base struct {
 	fetch FetchFunc
 	// cache is the node's copy of the base's verified blocks (a sparse
 	// file of the base's length).
-	cache    *os.File
-	record   []byte // the publish record served as base.json
-	writeSet []byte // served as base.writeset if not nil
+	cache  *os.File
+	record []byte // the publish record served as base.json
 
 	group singleflight.Group
 
@@ -440,12 +445,7 @@ func (s *Server) loadBase(hex string) (*base, error) {
 		return nil, err
 	}
 	record, _ := json.Marshal(map[string]any{"version": 1, "length": m.Length, "sha256": hex, "image": baseName})
-	writeSet, err := readWriteSet(filepath.Join(dir, writeSetName))
-	if err != nil {
-		// Served without it: runsc then restores without a write set.
-		fmt.Fprintf(os.Stderr, "lazybase: base sha256:%s: not serving its write set: %v\n", hex, err)
-	}
-	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, writeSet: writeSet, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}, prefetching: make(chan struct{}, maxPrefetches)}
+	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}, prefetching: make(chan struct{}, maxPrefetches)}
 	s.bases[hex] = b
 	return b, nil
 }
@@ -750,23 +750,51 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if ch := r.GetChild(name); ch != nil {
 		return ch, 0
 	}
-	dir := r.NewPersistentInode(ctx, &dirNode{}, fs.StableAttr{Mode: fuse.S_IFDIR})
+	dir := r.NewPersistentInode(ctx, &dirNode{writeSetPath: filepath.Join(r.s.root, CacheDir, name, writeSetName)}, fs.StableAttr{Mode: fuse.S_IFDIR})
 	dir.AddChild(baseName, dir.NewPersistentInode(ctx, &fileNode{b: b}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
 	dir.AddChild(recordName, dir.NewPersistentInode(ctx, &recordNode{data: b.record}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
-	if b.writeSet != nil {
-		dir.AddChild(writeSetName, dir.NewPersistentInode(ctx, &recordNode{data: b.writeSet}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
-	}
 	r.AddChild(name, dir, false)
 	out.Mode = fuse.S_IFDIR | 0o500
 	return dir, 0
 }
 
-// dirNode is the directory of one base.
+// dirNode is the directory of one base: base.img and base.json from the
+// start, base.writeset from the first lookup after AddWriteSet recorded it
+// (a write set may arrive with a later pull of the same base). The kernel
+// does not cache a failed lookup (no negative timeout), so it asks again.
 type dirNode struct {
 	fs.Inode
+	writeSetPath string
 }
 
 var _ = (fs.NodeGetattrer)((*dirNode)(nil))
+var _ = (fs.NodeLookuper)((*dirNode)(nil))
+
+func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ch := d.GetChild(name)
+	if ch == nil && name == writeSetName {
+		data, err := readWriteSet(d.writeSetPath)
+		if err != nil {
+			// Served without it: runsc then restores without a write set.
+			fmt.Fprintf(os.Stderr, "lazybase: not serving %s: %v\n", d.writeSetPath, err)
+		}
+		if data != nil {
+			d.AddChild(name, d.NewPersistentInode(ctx, &recordNode{data: data}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
+			ch = d.GetChild(name) // this one, or one added concurrently
+		}
+	}
+	if ch == nil {
+		return nil, syscall.ENOENT
+	}
+	if ga, ok := ch.Operations().(fs.NodeGetattrer); ok {
+		var a fuse.AttrOut
+		if errno := ga.Getattr(ctx, nil, &a); errno != 0 {
+			return nil, errno
+		}
+		out.Attr = a.Attr
+	}
+	return ch, 0
+}
 
 func (d *dirNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	out.Mode = fuse.S_IFDIR | 0o500

@@ -387,11 +387,38 @@ func TestRecentBlocksBounded(t *testing.T) {
 }
 
 // TestServeWriteSet checks that a write set added to a registered base is
-// served beside it, read-only and as added; that the first one stands; and
-// that a base without one serves none.
+// served beside it, read-only and as added, also when it arrives after the
+// fetcher started serving the base; that the first one stands; and that a
+// base without one serves none.
 func TestServeWriteSet(t *testing.T) {
 	_, m, reg, root := registeredBase(t)
 	hexRoot := m.Digest[len("sha256:"):]
+	// A second base, registered without a write set.
+	other := filepath.Join(t.TempDir(), "other.img")
+	if err := os.WriteFile(other, append([]byte("another base"), make([]byte, 4096-12)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m2, err := blockmanifest.Build(f, 4096, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Register(root, m2, Source{Reference: "registry.test/base2"}); err != nil {
+		t.Fatal(err)
+	}
+	serve(t, root, reg)
+	path := filepath.Join(root, MountDir, hexRoot, writeSetName)
+	// The fetcher serves the base before its write set arrives.
+	if _, err := os.Stat(Path(root, hexRoot)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat of a write set not added yet: %v, want ENOENT", err)
+	}
 	ws := []byte("GVWRSET\x00 a write set")
 	if ok, err := AddWriteSet(root, hexRoot, ws); !ok || err != nil {
 		t.Fatalf("AddWriteSet = %v, %v; want true, nil", ok, err)
@@ -413,25 +440,6 @@ func TestServeWriteSet(t *testing.T) {
 			t.Errorf("AddWriteSet (%s) = %v, want an error containing %q", tc.name, err, tc.want)
 		}
 	}
-	// A second base, registered without a write set.
-	other := filepath.Join(t.TempDir(), "other.img")
-	if err := os.WriteFile(other, append([]byte("another base"), make([]byte, 4096-12)...), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(other)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	m2, err := blockmanifest.Build(f, 4096, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Register(root, m2, Source{Reference: "registry.test/base2"}); err != nil {
-		t.Fatal(err)
-	}
-	serve(t, root, reg)
-	path := filepath.Join(root, MountDir, hexRoot, writeSetName)
 	got, err := os.ReadFile(path)
 	if err != nil || !bytes.Equal(got, ws) {
 		t.Fatalf("%s = %q, %v; want %q", path, got, err, ws)

@@ -64,6 +64,7 @@ import (
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/lazybase"
+	"github.com/forkvisor/forkvisor/internal/writeset"
 )
 
 // Artifact and media types, and annotations.
@@ -83,7 +84,7 @@ const (
 const (
 	baseImageName          = "base.img"
 	baseDescriptorName     = "base.json"
-	writeSetName           = "base.writeset"
+	writeSetName           = writeset.Name
 	filestoresExternalName = "filestores-external.json"
 )
 
@@ -105,10 +106,6 @@ const (
 	maxManifestBytes = 4 << 20
 	// pageSize is the granularity of base lengths.
 	pageSize = 4096
-	// maxWriteSetBytes bounds the write set that push carries and pull
-	// accepts: 16 bytes per range, so a million ranges. A larger set is
-	// left behind by push; the receiving node learns its own.
-	maxWriteSetBytes = 16 << 20
 )
 
 // Options are the options of Push and Pull.
@@ -157,6 +154,13 @@ type baseDescriptor struct {
 	SHA256  string `json:"sha256"`
 }
 
+// id returns the base's ID as runsc records it: the digest's bytes
+// (readBaseDescriptor checked that SHA256 is a hex digest).
+func (d *baseDescriptor) id() []byte {
+	id, _ := hex.DecodeString(d.SHA256)
+	return id
+}
+
 // readBaseDescriptor reads and checks the base.json at path and returns it
 // with its bytes.
 func readBaseDescriptor(path string) (*baseDescriptor, []byte, error) {
@@ -196,13 +200,11 @@ type PushResult struct {
 	// manifests and the block manifest config blob).
 	BytesPushed int64
 	// WriteSetBytes is the size of the base write set pushed with the
-	// checkpoint, 0 if none was.
-	WriteSetBytes int64
+	// checkpoint, 0 if none was; WriteSetSkipped says why a write set
+	// found on the node was not pushed.
+	WriteSetBytes   int64
+	WriteSetSkipped string
 }
-
-// writeSetMagic starts a complete write set (gVisor's pgalloc encoding): the
-// restore that learns one creates the file empty and writes it whole.
-var writeSetMagic = []byte("GVWRSET\x00")
 
 // writeSetOf returns the path of the write set that runsc keeps for the base
 // (hex digest hexDigest) of the checkpoint in imageDir: in the node base
@@ -224,37 +226,41 @@ func writeSetOf(imageDir, storeRoot, hexDigest string) string {
 	return filepath.Join(entry, writeSetName)
 }
 
-// pushWriteSet pushes the write set at path as a layer, if there is a
-// complete one no larger than maxWriteSetBytes; it returns its descriptor
-// (nil if none was pushed) and the bytes uploaded. The set is only a hint
-// of which pages to copy eagerly: its content is checked against the base
-// by the runsc that applies it, not here.
-func pushWriteSet(ctx context.Context, repo *remote.Repository, path string) (*ocispec.Descriptor, int64, error) {
+// pushWriteSet pushes the write set at path as a layer if it is a complete
+// write set of the base d describes (writeset.Check); it returns its
+// descriptor (nil if none was pushed), the bytes uploaded, and why a set
+// found at path was not pushed. A set still being learned, or torn by a
+// learner writing it right now, is left behind: the receiving node then
+// learns its own.
+func pushWriteSet(ctx context.Context, repo *remote.Repository, path string, d *baseDescriptor) (*ocispec.Descriptor, int64, string, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, 0, nil
+		return nil, 0, "", nil
 	}
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, "", err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxWriteSetBytes+1))
+	data, err := io.ReadAll(io.LimitReader(f, writeset.MaxBytes+1))
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", path, err)
+		return nil, 0, "", fmt.Errorf("%s: %w", path, err)
 	}
-	if len(data) > maxWriteSetBytes || !bytes.HasPrefix(data, writeSetMagic) {
-		return nil, 0, nil // Too large, or still being learned.
+	if !writeset.Complete(data) {
+		return nil, 0, path + " is still being learned", nil
+	}
+	if err := writeset.Check(data, d.Length, d.id()); err != nil {
+		return nil, 0, fmt.Sprintf("%s: %v", path, err), nil
 	}
 	desc := content.NewDescriptorFromBytes(WriteSetMediaType, data)
 	desc.Annotations = map[string]string{ocispec.AnnotationTitle: writeSetName}
 	pushed, err := pushIfMissing(ctx, repo, desc, bytes.NewReader(data))
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, "", err
 	}
 	if !pushed {
-		return &desc, 0, nil
+		return &desc, 0, "", nil
 	}
-	return &desc, desc.Size, nil
+	return &desc, desc.Size, "", nil
 }
 
 // Push pushes the checkpoint in imageDir to ref. A checkpoint saved with
@@ -297,10 +303,11 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 		pack.Layers = append(pack.Layers, desc)
 	}
 	if d != nil {
-		desc, n, err := pushWriteSet(ctx, repo, writeSetOf(imageDir, storeRoot, d.SHA256))
+		desc, n, skipped, err := pushWriteSet(ctx, repo, writeSetOf(imageDir, storeRoot, d.SHA256), d)
 		if err != nil {
 			return nil, fmt.Errorf("pushing the write set of base %s to %s: %w", res.BaseDigest, ref, err)
 		}
+		res.WriteSetSkipped = skipped
 		if desc != nil {
 			res.WriteSetBytes = desc.Size
 			res.BytesPushed += n
@@ -550,8 +557,11 @@ type PullResult struct {
 	// Files are the checkpoint files written.
 	Files []string
 	// WriteSet says what became of the base write set that the checkpoint
-	// carried: "" if it carried none, "installed" if the node now applies
-	// it, "kept" if the node had one already (its own is kept).
+	// carried: "" if it carried none; "installed" if the node's restores
+	// now apply it; "kept: ..." if the node had one (its own is kept);
+	// "ignored: ..." or "not installed: ..." with the reason otherwise. A
+	// write set only decides what restores copy eagerly, so none of these
+	// fails the pull.
 	WriteSet string
 }
 
@@ -592,8 +602,17 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	files := make([]ocispec.Descriptor, 0, len(man.Layers))
 	for i, l := range man.Layers {
 		name := l.Annotations[ocispec.AnnotationTitle]
-		if l.MediaType == WriteSetMediaType && name == writeSetName && writeSet == nil && l.Size > 0 && l.Size <= maxWriteSetBytes {
-			writeSet = &man.Layers[i]
+		if l.MediaType == WriteSetMediaType {
+			switch {
+			case writeSet != nil:
+				res.WriteSet = "ignored: the checkpoint has more than one write set layer"
+				writeSet = nil
+			case res.WriteSet != "":
+			case l.Size <= 0 || l.Size > writeset.MaxBytes:
+				res.WriteSet = fmt.Sprintf("ignored: the write set layer declares %d bytes, want 1 to %d", l.Size, writeset.MaxBytes)
+			default:
+				writeSet = &man.Layers[i]
+			}
 			continue
 		}
 		if l.MediaType != FileMediaType || name == "" || name != filepath.Base(name) || name == "." || name == ".." || strings.HasPrefix(name, ".") || name == baseImageName || name == writeSetName || names[name] || l.Size < 0 {
@@ -638,11 +657,15 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 		})
 	}
 	if writeSet != nil {
-		g.Go(func() (err error) {
-			if writeSetData, err = fetchBytes(gctx, repo, *writeSet, maxWriteSetBytes); err != nil {
-				return fmt.Errorf("%s: fetching the base write set (%s): %w", ref, writeSet.Digest, err)
+		g.Go(func() error {
+			data, err := fetchBytes(gctx, repo, *writeSet, writeset.MaxBytes)
+			if err != nil {
+				// Only a hint: the pull goes on without it.
+				res.WriteSet = fmt.Sprintf("ignored: fetching it (%s): %v", writeSet.Digest, err)
+				return nil
 			}
-			fetched.Add(int64(len(writeSetData)))
+			writeSetData = data
+			fetched.Add(int64(len(data)))
 			return nil
 		})
 	}
@@ -699,27 +722,43 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
-	if d != nil && writeSetData != nil {
-		// A write set is a hint (which pages a restore copies eagerly),
-		// checked against the base by runsc before it is applied: failing
-		// to install it loses nothing that the pull promised.
-		var installed bool
-		var err error
-		if res.BaseLazy {
-			installed, err = lazybase.AddWriteSet(store.Root, d.SHA256, writeSetData)
-		} else {
-			installed, err = installFile(filepath.Join(store.Root, "sha256", d.SHA256, writeSetName), writeSetData)
-		}
-		switch {
-		case err != nil:
-			res.WriteSet = "not installed: " + err.Error()
-		case installed:
-			res.WriteSet = "installed"
-		default:
-			res.WriteSet = "kept"
-		}
+	if writeSetData != nil {
+		res.WriteSet = installWriteSet(store, d, res.BaseLazy, writeSetData)
 	}
 	return res, nil
+}
+
+// installWriteSet makes data, a write set that came with a checkpoint of
+// base d, the one that the node's restores of d apply, unless the node has
+// a valid one; it returns what it did (PullResult.WriteSet). A write set is
+// a hint (which pages a restore copies eagerly): every failure here is
+// reported, and loses nothing that the pull promised.
+func installWriteSet(store BaseStore, d *baseDescriptor, lazy bool, data []byte) string {
+	if d == nil {
+		return "ignored: the checkpoint has no shared base"
+	}
+	if err := writeset.Check(data, d.Length, d.id()); err != nil {
+		return "ignored: " + err.Error()
+	}
+	var (
+		installed bool
+		err       error
+	)
+	if lazy {
+		installed, err = lazybase.AddWriteSet(store.Root, d.SHA256, data)
+	} else {
+		// runsc keeps its own in the store entry, and may be learning
+		// into it right now: an existing file is never replaced.
+		installed, err = installFile(filepath.Join(store.Root, "sha256", d.SHA256, writeSetName), data)
+	}
+	switch {
+	case err != nil:
+		return "not installed: " + err.Error()
+	case installed:
+		return "installed"
+	default:
+		return "kept: the node has one for this base"
+	}
 }
 
 // installFile creates path with data, read-only and synced, unless path
@@ -772,15 +811,13 @@ func BlockFetcher(src lazybase.Source) (lazybase.FetchFunc, error) {
 			return nil, err
 		}
 		defer rc.Close()
-		// One byte more than the block, so that a longer blob fails the
-		// caller's size check instead of passing truncated; a shorter one
-		// fails it too.
-		buf := make([]byte, size+1)
-		n, err := io.ReadFull(rc, buf)
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			err = nil
-		}
-		return buf[:n], err
+		// At most one byte more than the block, so that a longer blob
+		// fails the caller's size check instead of passing truncated. A
+		// body cut short by the transport is an error of its own
+		// (io.ErrUnexpectedEOF), not a block that does not match.
+		buf := bytes.NewBuffer(make([]byte, 0, size+1))
+		_, err = buf.ReadFrom(io.LimitReader(rc, size+1))
+		return buf.Bytes(), err
 	}, nil
 }
 

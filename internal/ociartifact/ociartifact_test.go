@@ -6,17 +6,20 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/registry/remote"
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/lazybase"
 	"github.com/forkvisor/forkvisor/internal/ociregistry"
 	"github.com/forkvisor/forkvisor/internal/prereq"
+	"github.com/forkvisor/forkvisor/internal/writeset"
 )
 
 // registry starts Debian's registry on loopback (no authentication).
@@ -288,39 +291,47 @@ func TestPullBaseFailuresLeaveNothing(t *testing.T) {
 	})
 }
 
-// TestPushPullCarriesWriteSet checks that a complete write set beside the
-// base travels with the checkpoint, and that a lazy pull hands it to the
-// node's lazy fetcher, not to the image directory.
+// TestPushPullCarriesWriteSet checks that a complete write set of the base
+// beside base.img travels with the checkpoint, and that a lazy pull hands it
+// to the node's lazy fetcher, not to the image directory; a set that is not
+// a complete one of this base stays behind.
 func TestPushPullCarriesWriteSet(t *testing.T) {
 	reg := registry(t)
-	complete := append(bytes.Clone(writeSetMagic), []byte("ranges and checksum")...)
+	dir0, m := syntheticImage(t, "")
+	d, _, err := readBaseDescriptor(filepath.Join(dir0, baseDescriptorName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	valid := writeset.Encode(d.Length, d.id(), [][2]uint64{{0, 4096}})
 	for _, tc := range []struct {
 		name string
 		// data is the write set beside base.img; nil for none.
 		data []byte
 		// want is what pull finds in the lazy fetcher's entry; nil for
-		// nothing.
-		want []byte
+		// nothing. skipped is in push's reason for leaving a set behind.
+		want    []byte
+		skipped string
 	}{
 		{name: "none"},
-		{name: "complete", data: complete, want: complete},
-		{name: "being learned (empty)", data: []byte{}},
-		{name: "not a write set", data: []byte("GVWRSET")},
+		{name: "complete", data: valid, want: valid},
+		{name: "being learned (empty)", data: []byte{}, skipped: "still being learned"},
+		{name: "torn", data: valid[:len(valid)-1], skipped: "checksum mismatch"},
+		{name: "another base's", data: writeset.Encode(d.Length, make([]byte, 32), nil), skipped: "not for base"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir, m := syntheticImage(t, "")
+			dir, _ := syntheticImage(t, "")
 			if tc.data != nil {
 				if err := os.WriteFile(filepath.Join(dir, writeSetName), tc.data, 0o444); err != nil {
 					t.Fatal(err)
 				}
 			}
-			ref := reg.Addr + "/writeset/ckpt:" + strings.NewReplacer(" ", "-", "(", "", ")", "").Replace(tc.name)
+			ref := reg.Addr + "/writeset/ckpt:" + strings.NewReplacer(" ", "-", "(", "", ")", "", "'", "").Replace(tc.name)
 			pushed, err := Push(context.Background(), dir, "", ref, opts)
 			if err != nil {
 				t.Fatalf("Push: %v", err)
 			}
-			if pushed.WriteSetBytes != int64(len(tc.want)) {
-				t.Errorf("Push carried a write set of %d bytes, want %d", pushed.WriteSetBytes, len(tc.want))
+			if pushed.WriteSetBytes != int64(len(tc.want)) || !strings.Contains(pushed.WriteSetSkipped, tc.skipped) || (tc.skipped == "") != (pushed.WriteSetSkipped == "") {
+				t.Errorf("Push carried a write set of %d bytes (left one behind: %q), want %d (%q)", pushed.WriteSetBytes, pushed.WriteSetSkipped, len(tc.want), tc.skipped)
 			}
 			store := t.TempDir()
 			image := filepath.Join(t.TempDir(), "image")
@@ -334,13 +345,95 @@ func TestPushPullCarriesWriteSet(t *testing.T) {
 			case tc.want == nil && (err == nil || res.WriteSet != ""):
 				t.Errorf("the lazy fetcher's entry has a write set (%d bytes, pull said %q), want none", len(got), res.WriteSet)
 			case tc.want != nil && (err != nil || !bytes.Equal(got, tc.want) || res.WriteSet != "installed"):
-				t.Errorf("the lazy fetcher's entry has write set %q (%v), pull said %q; want %q installed", got, err, res.WriteSet, tc.want)
+				t.Errorf("the lazy fetcher's entry has a write set of %d bytes (%v), pull said %q; want the %d pushed, installed", len(got), err, res.WriteSet, len(tc.want))
 			}
 			if _, err := os.Lstat(filepath.Join(image, writeSetName)); err == nil {
 				t.Errorf("pull wrote %s into the image directory; it belongs to the node's base", writeSetName)
 			}
 		})
 	}
+}
+
+// TestPullIgnoresBadWriteSets pushes checkpoints whose write set layers are
+// not what a write set of their base must be: each pull succeeds, installs
+// nothing, and says why.
+func TestPullIgnoresBadWriteSets(t *testing.T) {
+	reg := registry(t)
+	dir, m := syntheticImage(t, "")
+	d, _, err := readBaseDescriptor(filepath.Join(dir, baseDescriptorName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Push(context.Background(), dir, "", reg.Addr+"/badws/ckpt:base", opts); err != nil {
+		t.Fatal(err)
+	}
+	repo, err := Repository(reg.Addr+"/badws/ckpt", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	good, err := repo.Resolve(ctx, "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var man ocispec.Manifest
+	if err := json.Unmarshal(mustFetch(t, repo, good), &man); err != nil {
+		t.Fatal(err)
+	}
+	layer := func(data []byte, size int64) ocispec.Descriptor {
+		desc := content.NewDescriptorFromBytes(WriteSetMediaType, data)
+		desc.Annotations = map[string]string{ocispec.AnnotationTitle: writeSetName}
+		if _, err := pushIfMissing(ctx, repo, desc, bytes.NewReader(data)); err != nil {
+			t.Fatal(err)
+		}
+		desc.Size = size
+		return desc
+	}
+	valid := writeset.Encode(d.Length, d.id(), [][2]uint64{{0, 4096}})
+	other := writeset.Encode(d.Length, make([]byte, 32), nil)
+	for _, tc := range []struct {
+		name   string
+		layers []ocispec.Descriptor
+		want   string
+	}{
+		{"another base's", []ocispec.Descriptor{layer(other, int64(len(other)))}, "ignored: write set is not for base"},
+		{"two of them", []ocispec.Descriptor{layer(valid, int64(len(valid))), layer(other, int64(len(other)))}, "more than one write set layer"},
+		{"declares too much", []ocispec.Descriptor{layer(valid, writeset.MaxBytes+1)}, "declares"},
+		{"not served as declared", []ocispec.Descriptor{layer(valid, int64(len(valid))-1)}, "ignored: fetching it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pack := oras.PackManifestOptions{Subject: man.Subject, ManifestAnnotations: man.Annotations, Layers: append(slices.Clone(man.Layers), tc.layers...)}
+			desc, err := oras.PackManifest(ctx, repo, oras.PackManifestVersion1_1, CheckpointArtifactType, pack)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tag := strings.ReplaceAll(tc.name, " ", "-")
+			tag = strings.ReplaceAll(tag, "'", "")
+			if err := repo.Tag(ctx, desc, tag); err != nil {
+				t.Fatal(err)
+			}
+			store := t.TempDir()
+			res, err := Pull(ctx, reg.Addr+"/badws/ckpt:"+tag, filepath.Join(t.TempDir(), "image"), BaseStore{Root: store}, Options{PlainHTTP: true, Lazy: true})
+			if err != nil {
+				t.Fatalf("Pull: %v", err)
+			}
+			if !strings.Contains(res.WriteSet, tc.want) {
+				t.Errorf("Pull said of the write set %q, want %q", res.WriteSet, tc.want)
+			}
+			if _, err := os.Stat(filepath.Join(store, lazybase.CacheDir, strings.TrimPrefix(m.Digest, "sha256:"), writeSetName)); err == nil {
+				t.Errorf("a write set was installed")
+			}
+		})
+	}
+}
+
+func mustFetch(t *testing.T, repo *remote.Repository, desc ocispec.Descriptor) []byte {
+	t.Helper()
+	b, err := content.FetchAll(context.Background(), repo, desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // TestInstallFile checks that installFile creates a read-only file whole and

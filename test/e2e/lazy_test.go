@@ -113,7 +113,7 @@ func TestRegistryLazyRestore(t *testing.T) {
 		if id != "b1" {
 			continue
 		}
-		if !logsContain(t, logs, "Applying write set") || !logsContain(t, logs, "applying a write set") || logsContain(t, logs, "Learning the write set") {
+		if !logsContain(t, logs, "Applying write set") || !logsContain(t, logs, "applying a write set") {
 			t.Errorf("the first clone on node B should apply the write set that came with the pull (debug logs in %s)", logs)
 		}
 		first := fetchedBytes()

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"encoding/hex"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/ociregistry"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
+	"github.com/forkvisor/forkvisor/internal/writeset"
 )
 
 // startRegistry starts Debian's docker-registry on loopback, requiring basic
@@ -80,6 +83,17 @@ func TestRegistryPushPull(t *testing.T) {
 	wantWriteSet, err := os.ReadFile(p.r.WriteSetPath(p.image))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The tools' check of a write set agrees with runsc's encoding.
+	var baseJSON struct {
+		Length uint64 `json:"length"`
+		SHA256 string `json:"sha256"`
+	}
+	if b, err := os.ReadFile(filepath.Join(p.image, "base.json")); err != nil || json.Unmarshal(b, &baseJSON) != nil {
+		t.Fatalf("base.json of %s: %v", p.image, err)
+	}
+	if id, err := hex.DecodeString(baseJSON.SHA256); err != nil || writeset.Check(wantWriteSet, baseJSON.Length, id) != nil {
+		t.Errorf("the write set that runsc learned (%d bytes) fails writeset.Check: %v", len(wantWriteSet), writeset.Check(wantWriteSet, baseJSON.Length, id))
 	}
 
 	// Credentials come from the Docker configuration file only.

@@ -1,0 +1,50 @@
+package writeset
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"strings"
+	"testing"
+)
+
+// encode is Encode with another version, for the version check; the e2e
+// tests check Check against sets that runsc learned.
+func encode(version uint32, length uint64, id []byte, ranges [][2]uint64) []byte {
+	b := Encode(length, id, ranges)
+	body := b[:len(b)-sha256.Size]
+	binary.LittleEndian.PutUint32(body[8:], version)
+	sum := sha256.Sum256(body)
+	return append(body, sum[:]...)
+}
+
+func TestCheck(t *testing.T) {
+	const length = 1 << 30
+	id := bytes.Repeat([]byte{0xab}, 32)
+	valid := encode(Version, length, id, [][2]uint64{{0, 4096}, {8192, 16384}})
+	flipped := bytes.Clone(valid)
+	flipped[40] ^= 1
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string // "" for valid
+	}{
+		{"valid", valid, ""},
+		{"no ranges", encode(Version, length, id, nil), ""},
+		{"empty (being learned)", nil, "too short"},
+		{"truncated", valid[:len(valid)-1], "checksum mismatch"},
+		{"a flipped bit", flipped, "checksum mismatch"},
+		{"not a write set", append([]byte("GVWRSEX\x00"), valid[8:]...), "bad magic"},
+		{"another version", encode(Version+1, length, id, nil), "version 2"},
+		{"another base's length", encode(Version, length*2, id, nil), "base of 2147483648 bytes"},
+		{"another base", encode(Version, length, make([]byte, 32), nil), "not for base"},
+		{"too large", make([]byte, MaxBytes+1), "more than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Check(tc.data, length, id)
+			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("Check = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
