@@ -298,11 +298,7 @@ func TestPullBaseFailuresLeaveNothing(t *testing.T) {
 func TestPushPullCarriesWriteSet(t *testing.T) {
 	reg := registry(t)
 	dir0, m := syntheticImage(t, "")
-	d, _, err := readBaseDescriptor(filepath.Join(dir0, baseDescriptorName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	valid := writeset.Encode(d.Length, d.id(), [][2]uint64{{0, 4096}})
+	d, valid := writeSetOfImage(t, dir0)
 	for _, tc := range []struct {
 		name string
 		// data is the write set beside base.img; nil for none.
@@ -360,10 +356,7 @@ func TestPushPullCarriesWriteSet(t *testing.T) {
 func TestPullIgnoresBadWriteSets(t *testing.T) {
 	reg := registry(t)
 	dir, m := syntheticImage(t, "")
-	d, _, err := readBaseDescriptor(filepath.Join(dir, baseDescriptorName))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, valid := writeSetOfImage(t, dir)
 	if _, err := Push(context.Background(), dir, "", reg.Addr+"/badws/ckpt:base", opts); err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +382,6 @@ func TestPullIgnoresBadWriteSets(t *testing.T) {
 		desc.Size = size
 		return desc
 	}
-	valid := writeset.Encode(d.Length, d.id(), [][2]uint64{{0, 4096}})
 	other := writeset.Encode(d.Length, make([]byte, 32), nil)
 	for _, tc := range []struct {
 		name   string
@@ -425,6 +417,17 @@ func TestPullIgnoresBadWriteSets(t *testing.T) {
 			}
 		})
 	}
+}
+
+// writeSetOfImage returns the base descriptor of the image in dir and a
+// valid write set of that base.
+func writeSetOfImage(t *testing.T, dir string) (*baseDescriptor, []byte) {
+	t.Helper()
+	d, _, err := readBaseDescriptor(filepath.Join(dir, baseDescriptorName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, writeset.Encode(d.Length, d.id(), [][2]uint64{{0, 4096}})
 }
 
 func mustFetch(t *testing.T, repo *remote.Repository, desc ocispec.Descriptor) []byte {

@@ -27,13 +27,7 @@ func TestRegistryLazyRestore(t *testing.T) {
 	src := startSource(t, "runsc", 64, "-check-mib", "1")
 	p := src.park(t, filepath.Join(src.dir, "image"), "--shared-base")
 	ref := reg.Addr + "/forkvisor/lazy:v1"
-	p.restoreClone(t, "a-learn", p.image, p.lastTick)
-	waitWriteSet(t, p.r.WriteSetPath(p.image))
-	p.r.Destroy("a-learn")
-	wantWriteSet, err := os.ReadFile(p.r.WriteSetPath(p.image))
-	if err != nil {
-		t.Fatal(err)
-	}
+	wantWriteSet := learnBeforePush(t, p)
 	if out, err := ociTool(t, dockerConfig, "--base-store", p.r.StorePath(), "push", p.image, ref); err != nil || !strings.Contains(out, "pushed with the checkpoint") {
 		t.Fatalf("push (with the write set that node A learned): %v: %s", err, out)
 	}

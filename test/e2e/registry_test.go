@@ -77,24 +77,7 @@ func TestRegistryPushPull(t *testing.T) {
 		t.Fatalf("node A's image holds base.img although its store is on another filesystem")
 	}
 	ref := reg.Addr + "/forkvisor/tick:v1"
-	p.restoreClone(t, "a-learn", p.image, p.lastTick)
-	waitWriteSet(t, p.r.WriteSetPath(p.image))
-	p.r.Destroy("a-learn")
-	wantWriteSet, err := os.ReadFile(p.r.WriteSetPath(p.image))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The tools' check of a write set agrees with runsc's encoding.
-	var baseJSON struct {
-		Length uint64 `json:"length"`
-		SHA256 string `json:"sha256"`
-	}
-	if b, err := os.ReadFile(filepath.Join(p.image, "base.json")); err != nil || json.Unmarshal(b, &baseJSON) != nil {
-		t.Fatalf("base.json of %s: %v", p.image, err)
-	}
-	if id, err := hex.DecodeString(baseJSON.SHA256); err != nil || writeset.Check(wantWriteSet, baseJSON.Length, id) != nil {
-		t.Errorf("the write set that runsc learned (%d bytes) fails writeset.Check: %v", len(wantWriteSet), writeset.Check(wantWriteSet, baseJSON.Length, id))
-	}
+	wantWriteSet := learnBeforePush(t, p)
 
 	// Credentials come from the Docker configuration file only.
 	if out, err := ociTool(t, t.TempDir(), "--base-store", p.r.StorePath(), "push", p.image, ref); err == nil || !strings.Contains(out, "no credentials for "+reg.Addr) {
@@ -264,4 +247,35 @@ func manifestOf(t *testing.T, path string) *blockmanifest.Manifest {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// learnBeforePush restores one clone of p on its node and waits for the
+// write set that this first restore learns, so that a push of p's image
+// carries it; it returns the set, after checking it with writeset.Check
+// against the image's base.json (the tools' check of a write set must
+// accept what runsc writes).
+func learnBeforePush(t *testing.T, p *parked) []byte {
+	t.Helper()
+	p.restoreClone(t, "a-learn", p.image, p.lastTick)
+	waitWriteSet(t, p.r.WriteSetPath(p.image))
+	p.r.Destroy("a-learn")
+	ws, err := os.ReadFile(p.r.WriteSetPath(p.image))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var base struct {
+		Length uint64 `json:"length"`
+		SHA256 string `json:"sha256"`
+	}
+	if b, err := os.ReadFile(filepath.Join(p.image, "base.json")); err != nil || json.Unmarshal(b, &base) != nil {
+		t.Fatalf("base.json of %s: %v", p.image, err)
+	}
+	id, err := hex.DecodeString(base.SHA256)
+	if err != nil {
+		t.Fatalf("base.json of %s: %v", p.image, err)
+	}
+	if err := writeset.Check(ws, base.Length, id); err != nil {
+		t.Errorf("the write set that runsc learned (%d bytes) fails writeset.Check: %v", len(ws), err)
+	}
+	return ws
 }
