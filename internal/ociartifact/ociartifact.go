@@ -730,7 +730,9 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 
 // installWriteSet makes data, a write set that came with a checkpoint of
 // base d, the one that the node's restores of d apply, unless the node has
-// a valid one; it returns what it did (PullResult.WriteSet). A write set is
+// a write set file for d already (its own, one being learned, or one an
+// earlier pull installed), which is kept; it returns what it did
+// (PullResult.WriteSet). A write set is
 // a hint (which pages a restore copies eagerly): every failure here is
 // reported, and loses nothing that the pull promised.
 func installWriteSet(store BaseStore, d *baseDescriptor, lazy bool, data []byte) string {

@@ -10,11 +10,13 @@
 //	ID length u32 | 0 u32 | ID | range count u64 | (start u64, end u64)... |
 //	SHA-256 of everything before it
 //
-// all little-endian. Check verifies the framing, the version, the base it
-// belongs to and the checksum, which is what tells a complete set of this
-// base from a torn, truncated or foreign one. runsc decodes and checks the
-// ranges again before it applies a set; a set is only a hint of what to
-// copy eagerly, so nothing here decides what bytes a sandbox sees.
+// all little-endian. Check accepts exactly what runsc's decoder accepts:
+// the framing, the version, zero reserved fields, the base it belongs to,
+// the checksum (which tells a complete set from a torn or truncated one),
+// and ranges that are page-aligned, non-empty, within the base, ascending
+// and separate. runsc checks a set again before it applies it; a set is
+// only a hint of what to copy eagerly, so nothing here decides what bytes a
+// sandbox sees.
 package writeset
 
 import (
@@ -59,6 +61,9 @@ const MaxBytes = 16 << 20
 
 var magic = []byte("GVWRSET\x00")
 
+// pageSize is the granularity of write set ranges.
+const pageSize = 4096
+
 // fixedLen is the length of the fields before the ID.
 const fixedLen = 8 + 4 + 4 + 8 + 4 + 4
 
@@ -88,6 +93,9 @@ func Check(data []byte, length uint64, id []byte) error {
 	if v := le.Uint32(body[8:]); v != Version {
 		return fmt.Errorf("write set version %d, want %d", v, Version)
 	}
+	if le.Uint32(body[12:]) != 0 || le.Uint32(body[28:]) != 0 {
+		return errors.New("write set has non-zero reserved fields")
+	}
 	if l := le.Uint64(body[16:]); l != length {
 		return fmt.Errorf("write set is for a base of %d bytes, this base has %d", l, length)
 	}
@@ -95,8 +103,24 @@ func Check(data []byte, length uint64, id []byte) error {
 	if uint64(len(body)) < fixedLen+idLen+8 || !bytes.Equal(body[fixedLen:fixedLen+idLen], id) {
 		return fmt.Errorf("write set is not for base %x", id)
 	}
-	if count, rest := le.Uint64(body[fixedLen+idLen:]), uint64(len(body))-fixedLen-idLen-8; count > rest/16 || rest != count*16 {
-		return fmt.Errorf("write set claims %d ranges in %d bytes", count, rest)
+	ranges := body[fixedLen+idLen+8:]
+	if count := le.Uint64(body[fixedLen+idLen:]); count > uint64(len(ranges))/16 || uint64(len(ranges)) != count*16 {
+		return fmt.Errorf("write set claims %d ranges in %d bytes", count, len(ranges))
+	}
+	var prevEnd uint64
+	for i := 0; i < len(ranges); i += 16 {
+		start, end := le.Uint64(ranges[i:]), le.Uint64(ranges[i+8:])
+		switch {
+		case start%pageSize != 0 || end%pageSize != 0:
+			return fmt.Errorf("write set range [%#x, %#x) is not page-aligned", start, end)
+		case start >= end:
+			return fmt.Errorf("write set range [%#x, %#x) is empty or inverted", start, end)
+		case end > length:
+			return fmt.Errorf("write set range [%#x, %#x) extends past the base (%d bytes)", start, end, length)
+		case i > 0 && start <= prevEnd:
+			return fmt.Errorf("write set range [%#x, %#x) is not after the previous one and separate from it", start, end)
+		}
+		prevEnd = end
 	}
 	return nil
 }

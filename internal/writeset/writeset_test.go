@@ -18,12 +18,22 @@ func encode(version uint32, length uint64, id []byte, ranges [][2]uint64) []byte
 	return append(body, sum[:]...)
 }
 
+// resum returns a copy of set changed by change, with its checksum
+// computed again.
+func resum(change func([]byte), set []byte) []byte {
+	body := bytes.Clone(set[:len(set)-sha256.Size])
+	change(body)
+	sum := sha256.Sum256(body)
+	return append(body, sum[:]...)
+}
+
 func TestCheck(t *testing.T) {
 	const length = 1 << 30
 	id := bytes.Repeat([]byte{0xab}, 32)
 	valid := encode(Version, length, id, [][2]uint64{{0, 4096}, {8192, 16384}})
 	flipped := bytes.Clone(valid)
 	flipped[40] ^= 1
+	reserved := resum(func(b []byte) { b[12] = 1 }, valid)
 	for _, tc := range []struct {
 		name string
 		data []byte
@@ -39,6 +49,12 @@ func TestCheck(t *testing.T) {
 		{"another base's length", encode(Version, length*2, id, nil), "base of 2147483648 bytes"},
 		{"another base", encode(Version, length, make([]byte, 32), nil), "not for base"},
 		{"too large", make([]byte, MaxBytes+1), "more than"},
+		{"reserved field set", reserved, "reserved"},
+		{"unaligned range", encode(Version, length, id, [][2]uint64{{0, 100}}), "not page-aligned"},
+		{"empty range", encode(Version, length, id, [][2]uint64{{4096, 4096}}), "empty or inverted"},
+		{"range past the base", encode(Version, length, id, [][2]uint64{{0, length + 4096}}), "past the base"},
+		{"adjacent ranges", encode(Version, length, id, [][2]uint64{{0, 4096}, {4096, 8192}}), "not after the previous one"},
+		{"descending ranges", encode(Version, length, id, [][2]uint64{{8192, 12288}, {0, 4096}}), "not after the previous one"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := Check(tc.data, length, id)
