@@ -74,6 +74,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
+	"github.com/forkvisor/forkvisor/internal/noreplace"
 )
 
 // Names in the base store.
@@ -188,22 +189,11 @@ func AddWriteSet(root, hex string, data []byte) (bool, error) {
 	if _, err := os.Stat(filepath.Join(dir, sourceName)); err != nil {
 		return false, fmt.Errorf("write set of base sha256:%s: the base is not registered: %w", hex, err)
 	}
-	path := filepath.Join(dir, writeSetName)
-	if _, err := os.Lstat(path); err == nil {
-		return false, nil
-	}
-	tmp := fmt.Sprintf("%s.%d-%d", path, os.Getpid(), time.Now().UnixNano())
-	defer os.Remove(tmp)
-	if err := writeSynced(tmp, data); err != nil {
-		return false, err
-	}
-	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return false, nil
-		}
+	created, err := noreplace.WriteFile(filepath.Join(dir, writeSetName), data, 0o600)
+	if err != nil {
 		return false, fmt.Errorf("write set of base sha256:%s: %w", hex, err)
 	}
-	return true, nil
+	return created, nil
 }
 
 func writeSynced(path string, data []byte) error {

@@ -64,6 +64,7 @@ import (
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/lazybase"
+	"github.com/forkvisor/forkvisor/internal/noreplace"
 	"github.com/forkvisor/forkvisor/internal/writeset"
 )
 
@@ -206,26 +207,6 @@ type PushResult struct {
 	WriteSetSkipped string
 }
 
-// writeSetOf returns the path of the write set that runsc keeps for the base
-// (hex digest hexDigest) of the checkpoint in imageDir: in the node base
-// store's entry when the image maps the stored file (links it, or has no
-// base.img), else beside the image's own base.img.
-func writeSetOf(imageDir, storeRoot, hexDigest string) string {
-	beside := filepath.Join(imageDir, writeSetName)
-	if storeRoot == "" {
-		return beside
-	}
-	entry := filepath.Join(storeRoot, "sha256", hexDigest)
-	stored, err := os.Stat(filepath.Join(entry, baseImageName))
-	if err != nil {
-		return beside
-	}
-	if own, err := os.Stat(filepath.Join(imageDir, baseImageName)); err == nil && !os.SameFile(own, stored) {
-		return beside
-	}
-	return filepath.Join(entry, writeSetName)
-}
-
 // pushWriteSet pushes the write set at path as a layer if it is a complete
 // write set of the base d describes (writeset.Check); it returns its
 // descriptor (nil if none was pushed), the bytes uploaded, and why a set
@@ -303,7 +284,7 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 		pack.Layers = append(pack.Layers, desc)
 	}
 	if d != nil {
-		desc, n, skipped, err := pushWriteSet(ctx, repo, writeSetOf(imageDir, storeRoot, d.SHA256), d)
+		desc, n, skipped, err := pushWriteSet(ctx, repo, writeset.Path(imageDir, storeEntry(storeRoot, d.SHA256)), d)
 		if err != nil {
 			return nil, fmt.Errorf("pushing the write set of base %s to %s: %w", res.BaseDigest, ref, err)
 		}
@@ -347,7 +328,7 @@ func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot,
 		if storeRoot == "" {
 			return fmt.Errorf("%s has no %s and no base store was named", imageDir, baseImageName)
 		}
-		basePath = filepath.Join(storeRoot, "sha256", d.SHA256, baseImageName)
+		basePath = filepath.Join(storeEntry(storeRoot, d.SHA256), baseImageName)
 	}
 	base, err := os.Open(basePath)
 	if err != nil {
@@ -511,9 +492,18 @@ type BaseStore struct {
 	Runsc string
 }
 
+// storeEntry returns the directory of base hexDigest in the node base store
+// at root (runsc's layout: ROOT/sha256/HEX), or "" if root is "".
+func storeEntry(root, hexDigest string) string {
+	if root == "" {
+		return ""
+	}
+	return filepath.Join(root, "sha256", hexDigest)
+}
+
 // Has reports whether the store holds the base with digest hexDigest.
 func (s BaseStore) Has(hexDigest string) bool {
-	_, err := os.Lstat(filepath.Join(s.Root, "sha256", hexDigest, baseImageName))
+	_, err := os.Lstat(filepath.Join(storeEntry(s.Root, hexDigest), baseImageName))
 	return err == nil
 }
 
@@ -751,7 +741,7 @@ func installWriteSet(store BaseStore, d *baseDescriptor, lazy bool, data []byte)
 	} else {
 		// runsc keeps its own in the store entry, and may be learning
 		// into it right now: an existing file is never replaced.
-		installed, err = installFile(filepath.Join(store.Root, "sha256", d.SHA256, writeSetName), data)
+		installed, err = noreplace.WriteFile(filepath.Join(storeEntry(store.Root, d.SHA256), writeSetName), data, 0o444)
 	}
 	switch {
 	case err != nil:
@@ -761,40 +751,6 @@ func installWriteSet(store BaseStore, d *baseDescriptor, lazy bool, data []byte)
 	default:
 		return "kept: the node has one for this base"
 	}
-}
-
-// installFile creates path with data, read-only and synced, unless path
-// exists; it says whether it created it. The file appears whole or not at
-// all.
-func installFile(path string, data []byte) (bool, error) {
-	if _, err := os.Lstat(path); err == nil {
-		return false, nil
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".pull-")
-	if err != nil {
-		return false, err
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(0o444)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return false, err
-	}
-	if err := unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return false, nil
-		}
-		return false, err
-	}
-	return true, nil
 }
 
 // BlockFetcher returns the lazybase.FetchFunc that fetches base blocks from

@@ -438,25 +438,3 @@ func mustFetch(t *testing.T, repo *remote.Repository, desc ocispec.Descriptor) [
 	}
 	return b
 }
-
-// TestInstallFile checks that installFile creates a read-only file whole and
-// keeps one that exists.
-func TestInstallFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), writeSetName)
-	if ok, err := installFile(path, []byte("first")); !ok || err != nil {
-		t.Fatalf("installFile into an empty place = %v, %v; want true, nil", ok, err)
-	}
-	if ok, err := installFile(path, []byte("second")); ok || err != nil {
-		t.Fatalf("installFile over an existing file = %v, %v; want false, nil", ok, err)
-	}
-	st, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := os.ReadFile(path); string(got) != "first" || st.Mode().Perm() != 0o444 {
-		t.Errorf("%s holds %q with mode %v, want \"first\" read-only", path, got, st.Mode().Perm())
-	}
-	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".*")); len(left) != 0 {
-		t.Errorf("installFile left %v", left)
-	}
-}

@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/memstat"
+	"github.com/forkvisor/forkvisor/internal/writeset"
 )
 
 // Memory returns the memory of containers ids (each its own sandbox), summed:
@@ -51,42 +51,28 @@ func (r *Runsc) MemoryByKind(ids ...string) (map[string]uint64, error) {
 	return total, nil
 }
 
-// writeSetMagic starts a complete base write set (pgalloc's encoding); the
-// restore that learns it creates the file empty and writes it whole.
-var writeSetMagic = []byte("GVWRSET\x00")
-
 // WriteSetPath returns where the fork keeps the write set of the base that
-// the checkpoint in image was saved against: in the node base store's entry
-// when a restore maps the stored file (the image links it, or holds no
-// base.img), else beside the image's base.img.
+// the checkpoint in image was saved against (writeset.Path, with the base's
+// entry in r's node base store).
 func (r *Runsc) WriteSetPath(image string) string {
-	beside := filepath.Join(image, "base.writeset")
 	b, err := os.ReadFile(filepath.Join(image, "base.json"))
 	if err != nil {
-		return beside
+		return writeset.Path(image, "")
 	}
 	var d struct {
 		SHA256 string `json:"sha256"`
 	}
 	if json.Unmarshal(b, &d) != nil || d.SHA256 == "" {
-		return beside
+		return writeset.Path(image, "")
 	}
-	entry := r.StoreEntry(d.SHA256)
-	stored, err := os.Stat(filepath.Join(entry, "base.img"))
-	if err != nil {
-		return beside
-	}
-	if own, err := os.Stat(filepath.Join(image, "base.img")); err == nil && !os.SameFile(own, stored) {
-		return beside
-	}
-	return filepath.Join(entry, "base.writeset")
+	return writeset.Path(image, r.StoreEntry(d.SHA256))
 }
 
 // WaitWriteSet waits up to timeout until the base write set at path (see
 // WriteSetPath) has been written by the restore that learns it.
 func WaitWriteSet(path string, timeout time.Duration) error {
 	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
-		if b, err := os.ReadFile(path); err == nil && bytes.HasPrefix(b, writeSetMagic) {
+		if b, err := os.ReadFile(path); err == nil && writeset.Complete(b) {
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -63,4 +64,30 @@ func Mount(workDir string, sizeBytes int64) (*FS, error) {
 func (fs *FS) Unmount() {
 	unix.Unmount(fs.Dir, unix.MNT_DETACH)
 	os.Remove(fs.image)
+}
+
+// BytesWritten returns how many bytes the block device under fs has written
+// since it was attached (the sectors written in its /sys/dev/block stat).
+func (fs *FS) BytesWritten() (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(fs.Dir, &st); err != nil {
+		return 0, err
+	}
+	path := fmt.Sprintf("/sys/dev/block/%d:%d/stat", unix.Major(st.Dev), unix.Minor(st.Dev))
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	// Fields: read I/Os, read merges, sectors read, read ticks, write I/Os,
+	// write merges, sectors written, ... (Documentation/block/stat.rst);
+	// a sector is 512 bytes whatever the device's block size.
+	fields := strings.Fields(string(b))
+	if len(fields) < 7 {
+		return 0, fmt.Errorf("%s: %d fields, want at least 7", path, len(fields))
+	}
+	sectors, err := strconv.ParseInt(fields[6], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: sectors written: %w", path, err)
+	}
+	return sectors * 512, nil
 }

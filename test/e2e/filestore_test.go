@@ -311,13 +311,7 @@ func TestFilestoreDirtyParkLogsPause(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the park's pause: %v", err)
 	}
-	logged := false
-	boots, _ := filepath.Glob(filepath.Join(e.r.LogDir, "*.boot.txt"))
-	for _, b := range boots {
-		data, err := os.ReadFile(b)
-		logged = logged || (err == nil && bytes.Contains(data, []byte("the sandbox was paused for ")))
-	}
-	if !logged {
+	if !logsContain(t, e.r.LogDir, "the sandbox was paused for ") {
 		t.Errorf("no sandbox log in %s says how long the sandbox was paused", e.r.LogDir)
 	}
 	t.Logf("a park of a %d MiB layer written just before it paused the sandbox for %v", fileMiB, pause)
@@ -330,6 +324,56 @@ func TestFilestoreDirtyParkLogsPause(t *testing.T) {
 	}
 	if tk := fullCheck(t, out, fileMiB); tk.File != "ok" {
 		t.Errorf("clone's layer after a full pass: %s", tk.File)
+	}
+}
+
+// TestFilestoreParkWritesBackOnlyItsLayer parks a sandbox while another
+// file on the same filesystem (a neighbour's layer, or anything the host
+// wrote there) has 384 MiB of dirty pages: the park writes back its own
+// layer before it pauses the sandbox, as its log says, and leaves the
+// neighbour's pages to the kernel's writeback (a flush of the whole
+// filesystem would write them all inside the park). The device's written
+// bytes during the park must stay below the neighbour's size.
+func TestFilestoreParkWritesBackOnlyItsLayer(t *testing.T) {
+	const fileMiB, neighbourMiB = 16, 384
+	e := newLayerEnv(t, fileMiB)
+	e.r.LogDir, e.r.LogInfo = t.TempDir(), true
+	e.start(t, "source")
+
+	// Non-zero pages, written through the page cache and not synced.
+	chunk := bytes.Repeat([]byte("neighbour"), (1<<20)/9+1)[:1<<20]
+	f, err := os.Create(filepath.Join(e.dir, "neighbour.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < neighbourMiB; i++ {
+		if _, err := f.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := e.fs.BytesWritten()
+	if err != nil {
+		t.Fatalf("the loop device's written bytes: %v", err)
+	}
+	image, snap := e.park(t, "source", "neighbour")
+	after, err := e.fs.BytesWritten()
+	if err != nil {
+		t.Fatalf("the loop device's written bytes: %v", err)
+	}
+	written := after - before
+	t.Logf("the park wrote %d MiB to the device (its layer: %d MiB, a neighbour's dirty file: %d MiB)", written>>20, fileMiB, neighbourMiB)
+	if written >= neighbourMiB<<20 {
+		t.Errorf("the park wrote %d MiB to the filesystem's device, at least the %d MiB of a neighbour's dirty file: it flushed more than its own layer", written>>20, neighbourMiB)
+	}
+	if !logsContain(t, e.r.LogDir, "Wrote back 1 filestores before pausing") {
+		t.Errorf("no sandbox log in %s says that the park wrote back its filestore before pausing", e.r.LogDir)
+	}
+	_, first := e.adopt(t, "clone", image, snap)
+	if first.File != "ok" {
+		t.Errorf("clone's first tick: layer %s", first.File)
 	}
 }
 

@@ -1,0 +1,30 @@
+package writeset
+
+import (
+	"os"
+	"path/filepath"
+)
+
+// baseImageName is the base's file name in an image directory and in a node
+// base store entry.
+const baseImageName = "base.img"
+
+// Path returns where runsc keeps the write set of the base that the
+// checkpoint in imageDir was saved against, given that base's entry in the
+// node base store (storeEntry, "" without a store): in the store entry
+// when a restore maps the stored file (the image links it, or holds no
+// base.img), else beside the image's base.img. It mirrors runsc's rule.
+func Path(imageDir, storeEntry string) string {
+	beside := filepath.Join(imageDir, Name)
+	if storeEntry == "" {
+		return beside
+	}
+	stored, err := os.Stat(filepath.Join(storeEntry, baseImageName))
+	if err != nil {
+		return beside
+	}
+	if own, err := os.Stat(filepath.Join(imageDir, baseImageName)); err == nil && !os.SameFile(own, stored) {
+		return beside
+	}
+	return filepath.Join(storeEntry, Name)
+}
