@@ -398,6 +398,16 @@ func (s *Server) loadBase(hex string) (*base, error) {
 		return b, nil
 	}
 	dir := filepath.Join(s.root, CacheDir, hex)
+	if _, err := os.Stat(filepath.Join(dir, sourceName)); err != nil {
+		return nil, err
+	}
+	// Root serves what the entry says, from where it says, into the file it
+	// names: only an entry that nobody else could have written is used.
+	for _, d := range []string{filepath.Join(s.root, CacheDir), dir} {
+		if err := checkPrivateDir(d); err != nil {
+			return nil, err
+		}
+	}
 	srcData, err := os.ReadFile(filepath.Join(dir, sourceName))
 	if err != nil {
 		return nil, err
@@ -421,7 +431,7 @@ func (s *Server) loadBase(hex string) (*base, error) {
 	if err != nil {
 		return nil, fmt.Errorf("base sha256:%s: registry %s: %w", hex, src.Reference, err)
 	}
-	cache, err := os.OpenFile(filepath.Join(dir, blocksName), os.O_RDWR|os.O_CREATE, 0o600)
+	cache, err := os.OpenFile(filepath.Join(dir, blocksName), os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -429,7 +439,7 @@ func (s *Server) loadBase(hex string) (*base, error) {
 		cache.Close()
 		return nil, err
 	}
-	logFile, err := os.OpenFile(filepath.Join(dir, fetchLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	logFile, err := os.OpenFile(filepath.Join(dir, fetchLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		cache.Close()
 		return nil, err
@@ -440,9 +450,30 @@ func (s *Server) loadBase(hex string) (*base, error) {
 	return b, nil
 }
 
+// checkPrivateDir returns an error unless path is a directory (not a
+// symbolic link) owned by root or by this process's user, which no group or
+// other user may write: Register creates every cache directory so (mode
+// 0700).
+func checkPrivateDir(path string) error {
+	st, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	switch {
+	case !st.IsDir():
+		return fmt.Errorf("%s is not a directory (%v): not serving from it", path, st.Mode().Type())
+	case !ok || (sys.Uid != 0 && int(sys.Uid) != os.Geteuid()):
+		return fmt.Errorf("%s is owned by another user: not serving from it", path)
+	case st.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s is writable by group or others (mode %v): not serving from it", path, st.Mode().Perm())
+	}
+	return nil
+}
+
 // readWriteSet returns the write set at path, nil if there is none.
 func readWriteSet(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

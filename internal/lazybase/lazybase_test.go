@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -449,5 +450,62 @@ func TestServeWriteSet(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, MountDir, m2.Digest[len("sha256:"):], writeSetName)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a base registered without a write set serves one: %v", err)
+	}
+}
+
+// TestCheckPrivateDir checks which cache directories the fetcher, which runs
+// as root, serves from: only those that nobody else could have written.
+func TestCheckPrivateDir(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		make    func(path string) error
+		wantErr string
+	}{
+		{"private directory", func(p string) error { return os.Mkdir(p, 0o700) }, ""},
+		{"group-writable directory", func(p string) error {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				return err
+			}
+			return os.Chmod(p, 0o770)
+		}, "writable by group or others"},
+		{"symbolic link to a private directory", func(p string) error {
+			target := p + ".target"
+			if err := os.Mkdir(target, 0o700); err != nil {
+				return err
+			}
+			return os.Symlink(target, p)
+		}, "is not a directory"},
+		{"regular file", func(p string) error { return os.WriteFile(p, nil, 0o600) }, "is not a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "entry")
+			if err := tc.make(path); err != nil {
+				t.Fatal(err)
+			}
+			err := checkPrivateDir(path)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("checkPrivateDir: %v, want nil", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("checkPrivateDir: %v, want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestServeRefusesOpenCacheEntry checks that a registered base whose cache
+// directory others may write is not served.
+func TestServeRefusesOpenCacheEntry(t *testing.T) {
+	_, m, reg, root := registeredBase(t)
+	hexRoot := m.Digest[len("sha256:"):]
+	if err := os.Chmod(filepath.Join(root, CacheDir, hexRoot), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	serve(t, root, reg)
+	if _, err := os.ReadFile(Path(root, hexRoot)); !errors.Is(err, syscall.EIO) {
+		t.Errorf("reading a base whose cache entry anyone may write: %v, want EIO", err)
+	}
+	if n := len(reg.fetches); n != 0 {
+		t.Errorf("%d blocks fetched for a refused entry", n)
 	}
 }

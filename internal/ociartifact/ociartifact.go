@@ -564,6 +564,9 @@ type PullResult struct {
 // addressed: `runsc bases gc` removes it when no image uses it).
 func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Options) (_ *PullResult, err error) {
 	defer explain(&err, ref)
+	if store.Root == "" {
+		return nil, errors.New("pull needs a node base store (--base-store)")
+	}
 	if _, err := os.Lstat(imageDir); err == nil {
 		return nil, fmt.Errorf("%s exists; pull writes a new image directory", imageDir)
 	}

@@ -174,6 +174,12 @@ func TestPullRefuses(t *testing.T) {
 			}
 		})
 	}
+	// Without a node base store there is nowhere to put a base or its
+	// write set: refused before anything is fetched.
+	dst := filepath.Join(t.TempDir(), "image")
+	if _, err := Pull(context.Background(), reg.Addr+"/none:v1", dst, BaseStore{Runsc: "/nonexistent/runsc"}, opts); err == nil || !strings.Contains(err.Error(), "needs a node base store") {
+		t.Errorf("Pull without a base store = %v; want an error saying it needs one", err)
+	}
 }
 
 // syntheticImage writes an image directory holding a base (a data block, a

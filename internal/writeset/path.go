@@ -13,7 +13,9 @@ const baseImageName = "base.img"
 // checkpoint in imageDir was saved against, given that base's entry in the
 // node base store (storeEntry, "" without a store): in the store entry
 // when a restore maps the stored file (the image links it, or holds no
-// base.img), else beside the image's base.img. It mirrors runsc's rule.
+// base.img), else beside the image's base.img. It follows runsc's rule for
+// an image in a node base store or with its own base.img; a base given by
+// --shared-base=PATH or served by the lazy fetcher keeps its set elsewhere.
 func Path(imageDir, storeEntry string) string {
 	beside := filepath.Join(imageDir, Name)
 	if storeEntry == "" {

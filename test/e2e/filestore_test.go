@@ -329,13 +329,15 @@ func TestFilestoreDirtyParkLogsPause(t *testing.T) {
 
 // TestFilestoreParkWritesBackOnlyItsLayer parks a sandbox while another
 // file on the same filesystem (a neighbour's layer, or anything the host
-// wrote there) has 384 MiB of dirty pages: the park writes back its own
+// wrote there) has 256 MiB of dirty pages: the park writes back its own
 // layer before it pauses the sandbox, as its log says, and leaves the
 // neighbour's pages to the kernel's writeback (a flush of the whole
 // filesystem would write them all inside the park). The device's written
-// bytes during the park must stay below the neighbour's size.
+// bytes during the park must stay below the neighbour's size, and the
+// neighbour's own fdatasync afterwards must still find its pages dirty
+// (else the kernel wrote them back on its own and the run shows nothing).
 func TestFilestoreParkWritesBackOnlyItsLayer(t *testing.T) {
-	const fileMiB, neighbourMiB = 16, 384
+	const fileMiB, neighbourMiB = 16, 256
 	e := newLayerEnv(t, fileMiB)
 	e.r.LogDir, e.r.LogInfo = t.TempDir(), true
 	e.start(t, "source")
@@ -346,13 +348,11 @@ func TestFilestoreParkWritesBackOnlyItsLayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer f.Close()
 	for i := 0; i < neighbourMiB; i++ {
 		if _, err := f.Write(chunk); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
 	}
 	before, err := e.fs.BytesWritten()
 	if err != nil {
@@ -367,6 +367,17 @@ func TestFilestoreParkWritesBackOnlyItsLayer(t *testing.T) {
 	t.Logf("the park wrote %d MiB to the device (its layer: %d MiB, a neighbour's dirty file: %d MiB)", written>>20, fileMiB, neighbourMiB)
 	if written >= neighbourMiB<<20 {
 		t.Errorf("the park wrote %d MiB to the filesystem's device, at least the %d MiB of a neighbour's dirty file: it flushed more than its own layer", written>>20, neighbourMiB)
+	} else {
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			t.Fatal(err)
+		}
+		synced, err := e.fs.BytesWritten()
+		if err != nil {
+			t.Fatalf("the loop device's written bytes: %v", err)
+		}
+		if control := synced - after; control < neighbourMiB<<20/2 {
+			t.Fatalf("the neighbour's fdatasync after the park wrote only %d MiB of its %d MiB: the kernel wrote it back on its own, so this run cannot tell what the park wrote back", control>>20, neighbourMiB)
+		}
 	}
 	if !logsContain(t, e.r.LogDir, "Wrote back 1 filestores before pausing") {
 		t.Errorf("no sandbox log in %s says that the park wrote back its filestore before pausing", e.r.LogDir)
