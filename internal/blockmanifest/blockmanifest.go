@@ -92,6 +92,11 @@ func (m *Manifest) Root() ([sha256.Size]byte, error) {
 		if err != nil {
 			return root, fmt.Errorf("block %d: %w", i, err)
 		}
+		if isZero(sum) {
+			// A zero block hashes into the root as this digest: the two
+			// spellings must not both be valid.
+			return root, fmt.Errorf("block %d: the all-zero digest stands for a zero block, which is listed as \"\"", i)
+		}
 		h.Write(sum)
 	}
 	copy(root[:], h.Sum(nil))

@@ -85,6 +85,7 @@ func TestDecodeRefuses(t *testing.T) {
 		{"changed block digest", func(m *Manifest) { m.Blocks[0] = other }, "hash to root"},
 		{"data block marked zero", func(m *Manifest) { m.Blocks[2] = "" }, "hash to root"},
 		{"zero block given data", func(m *Manifest) { m.Blocks[1] = other }, "hash to root"},
+		{"zero block spelled as the all-zero digest", func(m *Manifest) { m.Blocks[1] = "sha256:" + strings.Repeat("00", sha256.Size) }, "all-zero digest"},
 		{"other root", func(m *Manifest) { m.Digest = other }, "hash to root"},
 		{"longer base", func(m *Manifest) { m.Length += 4096 }, "hash to root"},
 		{"block missing", func(m *Manifest) { m.Blocks = m.Blocks[:3] }, "lists 3 blocks"},

@@ -1,7 +1,7 @@
 package lazybase
 
 import (
-	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -115,22 +115,24 @@ func FetchLogPath(root, hex string) string {
 
 // Fetches returns the fetch log of base hex in the store at root.
 func Fetches(root, hex string) ([]Fetch, error) {
-	f, err := os.Open(FetchLogPath(root, hex))
+	path := FetchLogPath(root, hex)
+	data, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	// Every complete line ends with a newline; a last line without one was
+	// cut short by a fetcher that stopped while writing it.
+	lines := bytes.Split(data, []byte("\n"))
 	var out []Fetch
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
+	for _, line := range lines[:len(lines)-1] {
 		var e Fetch
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			return nil, fmt.Errorf("%s: %w", f.Name(), err)
+		if err := json.Unmarshal(line, &e); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 		out = append(out, e)
 	}
-	return out, sc.Err()
+	return out, nil
 }

@@ -439,15 +439,34 @@ func (s *Server) loadBase(hex string) (*base, error) {
 		cache.Close()
 		return nil, err
 	}
-	logFile, err := os.OpenFile(filepath.Join(dir, fetchLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	logFile, err := os.OpenFile(filepath.Join(dir, fetchLogName), os.O_RDWR|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		cache.Close()
 		return nil, err
+	}
+	if err := dropTornLine(logFile); err != nil {
+		cache.Close()
+		logFile.Close()
+		return nil, fmt.Errorf("%s: %w", logFile.Name(), err)
 	}
 	record, _ := json.Marshal(map[string]any{"version": 1, "length": m.Length, "sha256": hex, "image": baseName})
 	b := &base{s: s, hex: hex, m: m, src: src, fetch: fetch, cache: cache, record: record, present: make([]bool, len(m.Blocks)), logFile: logFile, failed: map[int]failure{}, prefetching: make(chan struct{}, maxPrefetches)}
 	s.bases[hex] = b
 	return b, nil
+}
+
+// dropTornLine truncates f, a log of newline-terminated lines, after its
+// last newline: a fetcher that stopped while writing a line leaves it cut
+// short, and the next line appended would join it.
+func dropTornLine(f *os.File) error {
+	data, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<62))
+	if err != nil {
+		return err
+	}
+	if n := bytes.LastIndexByte(data, '\n') + 1; n != len(data) {
+		return f.Truncate(int64(n))
+	}
+	return nil
 }
 
 // checkPrivateDir returns an error unless path is a directory (not a

@@ -509,3 +509,35 @@ func TestServeRefusesOpenCacheEntry(t *testing.T) {
 		t.Errorf("%d blocks fetched for a refused entry", n)
 	}
 }
+
+// TestFetchLogSurvivesATornLine checks that a fetch log whose last line was
+// cut short (a fetcher stopped while writing it) still reads, and that the
+// next fetcher's lines do not join the torn one.
+func TestFetchLogSurvivesATornLine(t *testing.T) {
+	root := t.TempDir()
+	hex := strings.Repeat("ab", 32)
+	path := FetchLogPath(root, hex)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("{\"block\":1}\n{\"block\":2,\"by"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Fetches(root, hex); err != nil || len(got) != 1 || got[0].Block != 1 {
+		t.Fatalf("Fetches of a log with a torn last line = %+v, %v; want block 1 alone", got, err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := dropTornLine(f); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("{\"block\":3}\n")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Fetches(root, hex); err != nil || len(got) != 2 || got[1].Block != 3 {
+		t.Errorf("Fetches after the torn line was dropped and a line appended = %+v, %v; want blocks 1 and 3", got, err)
+	}
+}
