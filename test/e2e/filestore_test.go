@@ -388,6 +388,48 @@ func TestFilestoreParkWritesBackOnlyItsLayer(t *testing.T) {
 	}
 }
 
+// TestFilestoreSnapshotDirWithoutReflink parks sandboxes into a snapshot
+// directory on another filesystem (the host's root, not the XFS that holds
+// the filestores), where FICLONE fails: the checkpoint fails before the
+// pause, with and without --leave-running, naming the directory and the
+// reason, leaves no snapshot and no image, and both sources run on.
+func TestFilestoreSnapshotDirWithoutReflink(t *testing.T) {
+	e := newLayerEnv(t, 16)
+	ids := []string{"leave-running", "plain"}
+	outs := map[string]string{}
+	for _, id := range ids {
+		outs[id] = e.start(t, id)
+	}
+	for _, id := range ids {
+		image := filepath.Join(t.TempDir(), "image")
+		snap := filepath.Join(t.TempDir(), "snap")
+		flags := []string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}
+		if id == "leave-running" {
+			flags = append(flags, "--leave-running")
+		}
+		err := e.r.Checkpoint(id, image, flags...)
+		if err == nil {
+			t.Fatalf("%s: checkpoint with its snapshot directory on another filesystem succeeded", id)
+		}
+		t.Logf("%s: checkpoint: %v", id, err)
+		// runsc's own message, not only the command line quoted in err.
+		if msg := err.Error(); !strings.Contains(msg, "reflink") || !strings.Contains(msg, "snapshots into "+snap) {
+			t.Errorf("%s: checkpoint error %q; want it to name %s and reflink", id, msg, snap)
+		}
+		if entries, err := os.ReadDir(snap); !os.IsNotExist(err) && len(entries) != 0 {
+			t.Errorf("%s: the failed checkpoint left %d files in %s", id, len(entries), snap)
+		}
+		if _, err := os.Stat(image); !os.IsNotExist(err) {
+			t.Errorf("%s: the failed checkpoint left its image directory %s (%v)", id, image, err)
+		}
+	}
+	// The failure came before the pause: even the plain checkpoint left its
+	// source running with its layer and heap.
+	for _, id := range ids {
+		fullCheck(t, outs[id], 16)
+	}
+}
+
 // TestFilestoreRefusals checks every refusal: each gives its error, starts
 // nothing and leaves the artifacts byte-identical.
 func TestFilestoreRefusals(t *testing.T) {
