@@ -379,7 +379,7 @@ func TestFilestoreParkWritesBackOnlyItsLayer(t *testing.T) {
 			t.Fatalf("the neighbour's fdatasync after the park wrote only %d MiB of its %d MiB: the kernel wrote it back on its own, so this run cannot tell what the park wrote back", control>>20, neighbourMiB)
 		}
 	}
-	if !logsContain(t, e.r.LogDir, "Wrote back 1 filestores before pausing") {
+	if !logsContain(t, e.r.LogDir, "Prepared the snapshots of 1 filestores") {
 		t.Errorf("no sandbox log in %s says that the park wrote back its filestore before pausing", e.r.LogDir)
 	}
 	_, first := e.adopt(t, "clone", image, snap)
