@@ -272,30 +272,8 @@ func TestFilestoreSnapshotOutOfSpace(t *testing.T) {
 	}
 	freeInodes := fillInodes(t, inodeFiller)
 	for _, id := range ids {
-		image := filepath.Join(t.TempDir(), "image")
 		snap := filepath.Join(e.dir, id+"-snap")
-		flags := []string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}
-		if id == "leave-running" {
-			flags = append(flags, "--leave-running")
-		}
-		err := e.r.Checkpoint(id, image, flags...)
-		if err == nil {
-			t.Fatalf("%s: checkpoint with its snapshot directory on a full filesystem succeeded", id)
-		}
-		t.Logf("%s: checkpoint: %v", id, err)
-		if msg := err.Error(); !strings.Contains(msg, "no space left on device") || !strings.Contains(msg, snap) {
-			t.Errorf("%s: checkpoint error %q; want it to name %s and the lack of space", id, msg, snap)
-		}
-		if entries, err := os.ReadDir(snap); !os.IsNotExist(err) && len(entries) != 0 {
-			names := []string{}
-			for _, e := range entries {
-				names = append(names, e.Name())
-			}
-			t.Errorf("%s: the failed checkpoint left %v in %s", id, names, snap)
-		}
-		if _, err := os.Stat(image); !os.IsNotExist(err) {
-			t.Errorf("%s: the failed checkpoint left its image directory %s (%v)", id, image, err)
-		}
+		e.parkFails(t, id, snap, "no space left on device", snap)
 	}
 	freeInodes()
 	freeBlocks()

@@ -401,32 +401,44 @@ func TestFilestoreSnapshotDirWithoutReflink(t *testing.T) {
 		outs[id] = e.start(t, id)
 	}
 	for _, id := range ids {
-		image := filepath.Join(t.TempDir(), "image")
+		// runsc's own message names snap, not only the command line that
+		// the error quotes.
 		snap := filepath.Join(t.TempDir(), "snap")
-		flags := []string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}
-		if id == "leave-running" {
-			flags = append(flags, "--leave-running")
-		}
-		err := e.r.Checkpoint(id, image, flags...)
-		if err == nil {
-			t.Fatalf("%s: checkpoint with its snapshot directory on another filesystem succeeded", id)
-		}
-		t.Logf("%s: checkpoint: %v", id, err)
-		// runsc's own message, not only the command line quoted in err.
-		if msg := err.Error(); !strings.Contains(msg, "reflink") || !strings.Contains(msg, "snapshots into "+snap) {
-			t.Errorf("%s: checkpoint error %q; want it to name %s and reflink", id, msg, snap)
-		}
-		if entries, err := os.ReadDir(snap); !os.IsNotExist(err) && len(entries) != 0 {
-			t.Errorf("%s: the failed checkpoint left %d files in %s", id, len(entries), snap)
-		}
-		if _, err := os.Stat(image); !os.IsNotExist(err) {
-			t.Errorf("%s: the failed checkpoint left its image directory %s (%v)", id, image, err)
-		}
+		e.parkFails(t, id, snap, "reflink", "snapshots into "+snap)
 	}
 	// The failure came before the pause: even the plain checkpoint left its
 	// source running with its layer and heap.
 	for _, id := range ids {
 		fullCheck(t, outs[id], 16)
+	}
+}
+
+// parkFails checkpoints id (with --leave-running if id is
+// "leave-running") into a new image directory with its filestore snapshots
+// in snap, and checks that the checkpoint fails with an error containing
+// each of want, leaving no image directory and no file in snap.
+func (e *layerEnv) parkFails(t *testing.T, id, snap string, want ...string) {
+	t.Helper()
+	image := filepath.Join(t.TempDir(), "image")
+	flags := []string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}
+	if id == "leave-running" {
+		flags = append(flags, "--leave-running")
+	}
+	err := e.r.Checkpoint(id, image, flags...)
+	if err == nil {
+		t.Fatalf("%s: checkpoint into %s succeeded", id, snap)
+	}
+	t.Logf("%s: checkpoint: %v", id, err)
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("%s: checkpoint error %q; want it to contain %q", id, err, w)
+		}
+	}
+	if entries, err := os.ReadDir(snap); !os.IsNotExist(err) && len(entries) != 0 {
+		t.Errorf("%s: the failed checkpoint left %d files in %s", id, len(entries), snap)
+	}
+	if _, err := os.Stat(image); !os.IsNotExist(err) {
+		t.Errorf("%s: the failed checkpoint left its image directory %s (%v)", id, image, err)
 	}
 }
 
