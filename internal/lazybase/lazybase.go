@@ -161,7 +161,7 @@ func Register(root string, m *blockmanifest.Manifest, src Source) error {
 		name string
 		data []byte
 	}{{manifestName, m.Encode()}, {sourceName, s}} {
-		if err := writeSynced(filepath.Join(tmp, f.name), f.data); err != nil {
+		if _, err := noreplace.WriteFile(filepath.Join(tmp, f.name), f.data, 0o600); err != nil {
 			return err
 		}
 	}
@@ -194,22 +194,6 @@ func AddWriteSet(root, hex string, data []byte) (bool, error) {
 		return false, fmt.Errorf("write set of base sha256:%s: %w", hex, err)
 	}
 	return created, nil
-}
-
-func writeSynced(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // Stats counts what a Server did.
@@ -398,9 +382,6 @@ func (s *Server) loadBase(hex string) (*base, error) {
 		return b, nil
 	}
 	dir := filepath.Join(s.root, CacheDir, hex)
-	if _, err := os.Stat(filepath.Join(dir, sourceName)); err != nil {
-		return nil, err
-	}
 	// Root serves what the entry says, from where it says, into the file it
 	// names: only an entry that nobody else could have written is used.
 	for _, d := range []string{filepath.Join(s.root, CacheDir), dir} {
