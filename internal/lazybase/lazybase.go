@@ -209,6 +209,10 @@ type Stats struct {
 	// (recentBlocks): the rest of a block that the kernel reads in several
 	// requests.
 	BlocksFromMemory int64 `json:"blocks_from_memory"`
+	// CacheWriteFailures counts fetched, verified blocks that could not be
+	// written to the cache file (a full disk): they were served from
+	// memory and are fetched again once evicted there.
+	CacheWriteFailures int64 `json:"cache_write_failures"`
 }
 
 // Server is a running fetcher.
@@ -697,19 +701,28 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	if got := sumOf(data); uint64(len(data)) != n || got != want {
 		return nil, false, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest (%d bytes with %s): %d bytes with digest %s; refused", i, b.hex, b.src.Reference, n, want, len(data), got)
 	}
-	if _, err := b.cache.WriteAt(data, int64(off)); err != nil {
-		return nil, false, fmt.Errorf("writing block %d of base sha256:%s to the node cache %s: %w", i, b.hex, b.cache.Name(), err)
-	}
 	b.s.recent.Add(key, data)
-	// The sandboxes read the block through the FUSE file's page cache; do
-	// not keep a second copy in the cache file's once it is written back.
-	// The readers do not wait for that: the page cache serves the block
-	// until then.
-	go func() {
-		fd := int(b.cache.Fd())
-		_ = unix.SyncFileRange(fd, int64(off), int64(n), unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
-		_ = unix.Fadvise(fd, int64(off), int64(n), unix.FADV_DONTNEED)
-	}()
+	if _, err := b.cache.WriteAt(data, int64(off)); err != nil {
+		// The block is verified: serve it from memory (recent) and fetch
+		// it again once it is evicted there. A full or failing cache disk
+		// makes the node fetch more, never a verified read fail. The hole
+		// keeps a partial write from being taken for the block (cached).
+		_ = unix.Fallocate(int(b.cache.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n))
+		fmt.Fprintf(os.Stderr, "lazybase: serving block %d of base sha256:%s from memory: writing it to the node cache %s: %v\n", i, b.hex, b.cache.Name(), err)
+		b.s.mu.Lock()
+		b.s.stats.CacheWriteFailures++
+		b.s.mu.Unlock()
+	} else {
+		// The sandboxes read the block through the FUSE file's page
+		// cache; do not keep a second copy in the cache file's once it is
+		// written back. The readers do not wait for that: the page cache
+		// serves the block until then.
+		go func() {
+			fd := int(b.cache.Fd())
+			_ = unix.SyncFileRange(fd, int64(off), int64(n), unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+			_ = unix.Fadvise(fd, int64(off), int64(n), unix.FADV_DONTNEED)
+		}()
+	}
 	b.s.mu.Lock()
 	b.s.stats.BlocksFetched++
 	b.s.stats.BytesFetched += int64(n)

@@ -541,3 +541,54 @@ func TestFetchLogSurvivesATornLine(t *testing.T) {
 		t.Errorf("Fetches after the torn line was dropped and a line appended = %+v, %v; want blocks 1 and 3", got, err)
 	}
 }
+
+// TestServeWithAFullCache fetches a base into a node cache with room for
+// one block: every read still returns the verified bytes, the blocks that
+// did not fit are counted, and the cache file holds no part of them (a
+// later load fetches them again rather than hash a torn block).
+func TestServeWithAFullCache(t *testing.T) {
+	data, m, reg := newBase(t)
+	if os.Geteuid() != 0 {
+		prereq.Missing(t, "mounting a small tmpfs for the node cache needs root")
+	}
+	root := t.TempDir()
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=3m,mode=0755"); err != nil {
+		t.Fatalf("mounting a 3 MiB tmpfs on %s: %v", root, err)
+	}
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
+		t.Fatal(err)
+	}
+	s := serve(t, root, reg)
+	hexRoot := m.Digest[len("sha256:"):]
+	got, err := os.ReadFile(Path(root, hexRoot))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("reading the whole base with a full cache: %v (equal: %t)", err, bytes.Equal(got, data))
+	}
+	// Four non-zero blocks (block 4 repeats block 1 but has its own
+	// place in the cache file), 2 MiB each, in 3 MiB.
+	if st := s.Stats(); st.CacheWriteFailures == 0 || st.Failures != 0 {
+		t.Errorf("stats %+v: want cache write failures and no failed block", st)
+	}
+	cache, err := os.Open(filepath.Join(root, CacheDir, hexRoot, blocksName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	b := &base{cache: cache}
+	kept := 0
+	for i := range m.Blocks {
+		off, n := m.Range(i)
+		if m.Zero(i) || !b.cached(int64(off), int64(n)) {
+			continue
+		}
+		kept++
+		block := make([]byte, n)
+		if _, err := cache.ReadAt(block, int64(off)); err != nil || !bytes.Equal(block, data[off:off+n]) {
+			t.Errorf("block %d in the cache file: %v, or not the block", i, err)
+		}
+	}
+	if kept >= 4 {
+		t.Errorf("the 3 MiB cache holds %d of the 4 fetched blocks", kept)
+	}
+}

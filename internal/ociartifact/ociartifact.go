@@ -62,6 +62,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/credentials"
 	"oras.land/oras-go/v2/registry/remote/retry"
 
+	"github.com/forkvisor/forkvisor/internal/basestore"
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/lazybase"
 	"github.com/forkvisor/forkvisor/internal/noreplace"
@@ -83,7 +84,6 @@ const (
 
 // Names in a checkpoint image directory (runsc/sharedbase in the fork).
 const (
-	baseImageName          = "base.img"
 	baseDescriptorName     = "base.json"
 	writeSetName           = writeset.Name
 	filestoresExternalName = "filestores-external.json"
@@ -284,7 +284,7 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 		pack.Layers = append(pack.Layers, desc)
 	}
 	if d != nil {
-		desc, n, skipped, err := pushWriteSet(ctx, repo, writeset.Path(imageDir, storeEntry(storeRoot, d.SHA256)), d)
+		desc, n, skipped, err := pushWriteSet(ctx, repo, writeset.Path(imageDir, basestore.Entry(storeRoot, d.SHA256)), d)
 		if err != nil {
 			return nil, fmt.Errorf("pushing the write set of base %s to %s: %w", res.BaseDigest, ref, err)
 		}
@@ -323,12 +323,12 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 // pushBase pushes the base that d describes, block by block, then its block
 // manifest and the base manifest, and records them in res.
 func pushBase(ctx context.Context, repo *remote.Repository, imageDir, storeRoot, ref string, d *baseDescriptor, opts Options, res *PushResult) error {
-	basePath := filepath.Join(imageDir, baseImageName)
+	basePath := filepath.Join(imageDir, basestore.ImageName)
 	if _, err := os.Stat(basePath); errors.Is(err, os.ErrNotExist) {
 		if storeRoot == "" {
-			return fmt.Errorf("%s has no %s and no base store was named", imageDir, baseImageName)
+			return fmt.Errorf("%s has no %s and no base store was named", imageDir, basestore.ImageName)
 		}
-		basePath = filepath.Join(storeEntry(storeRoot, d.SHA256), baseImageName)
+		basePath = filepath.Join(basestore.Entry(storeRoot, d.SHA256), basestore.ImageName)
 	}
 	base, err := os.Open(basePath)
 	if err != nil {
@@ -418,7 +418,7 @@ func checkpointFiles(imageDir string) ([]string, error) {
 	var names []string
 	for _, e := range entries {
 		name := e.Name()
-		if name == baseImageName || name == writeSetName || strings.HasPrefix(name, ".") {
+		if name == basestore.ImageName || name == writeSetName || strings.HasPrefix(name, ".") {
 			continue
 		}
 		if !e.Type().IsRegular() {
@@ -492,18 +492,9 @@ type BaseStore struct {
 	Runsc string
 }
 
-// storeEntry returns the directory of base hexDigest in the node base store
-// at root (runsc's layout: ROOT/sha256/HEX), or "" if root is "".
-func storeEntry(root, hexDigest string) string {
-	if root == "" {
-		return ""
-	}
-	return filepath.Join(root, "sha256", hexDigest)
-}
-
 // Has reports whether the store holds the base with digest hexDigest.
 func (s BaseStore) Has(hexDigest string) bool {
-	_, err := os.Lstat(filepath.Join(storeEntry(s.Root, hexDigest), baseImageName))
+	_, err := os.Lstat(filepath.Join(basestore.Entry(s.Root, hexDigest), basestore.ImageName))
 	return err == nil
 }
 
@@ -608,7 +599,7 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 			}
 			continue
 		}
-		if l.MediaType != FileMediaType || name == "" || name != filepath.Base(name) || name == "." || name == ".." || strings.HasPrefix(name, ".") || name == baseImageName || name == writeSetName || names[name] || l.Size < 0 {
+		if l.MediaType != FileMediaType || name == "" || name != filepath.Base(name) || name == "." || name == ".." || strings.HasPrefix(name, ".") || name == basestore.ImageName || name == writeSetName || names[name] || l.Size < 0 {
 			return nil, fmt.Errorf("%s: checkpoint layer %s (%q, media type %q) is not a checkpoint file", ref, l.Digest, name, l.MediaType)
 		}
 		names[name] = true
@@ -744,7 +735,7 @@ func installWriteSet(store BaseStore, d *baseDescriptor, lazy bool, data []byte)
 	} else {
 		// runsc keeps its own in the store entry, and may be learning
 		// into it right now: an existing file is never replaced.
-		installed, err = noreplace.WriteFile(filepath.Join(storeEntry(store.Root, d.SHA256), writeSetName), data, 0o444)
+		installed, err = noreplace.WriteFile(filepath.Join(basestore.Entry(store.Root, d.SHA256), writeSetName), data, 0o444)
 	}
 	switch {
 	case err != nil:
@@ -888,7 +879,7 @@ func pullBase(ctx context.Context, repo *remote.Repository, ref string, m *block
 	if err := unix.Flock(lock, unix.LOCK_EX); err != nil {
 		return err
 	}
-	path := filepath.Join(dir, baseImageName)
+	path := filepath.Join(dir, basestore.ImageName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err

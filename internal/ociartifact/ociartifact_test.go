@@ -15,6 +15,7 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry/remote"
 
+	"github.com/forkvisor/forkvisor/internal/basestore"
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/lazybase"
 	"github.com/forkvisor/forkvisor/internal/ociregistry"
@@ -188,7 +189,7 @@ func TestPullRefuses(t *testing.T) {
 func syntheticImage(t *testing.T, digest string) (string, *blockmanifest.Manifest) {
 	t.Helper()
 	dir := t.TempDir()
-	f, err := os.Create(filepath.Join(dir, baseImageName))
+	f, err := os.Create(filepath.Join(dir, basestore.ImageName))
 	if err != nil {
 		t.Fatal(err)
 	}

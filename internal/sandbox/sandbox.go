@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkvisor/forkvisor/internal/basestore"
 )
 
 // Runsc is one runsc binary with its own state root.
@@ -53,13 +55,13 @@ func (r *Runsc) StorePath() string {
 // StoredBase returns the path of the base with digest ("sha256:HEX" or
 // HEX) in r's node base store: the layout runsc's base store uses.
 func (r *Runsc) StoredBase(digest string) string {
-	return filepath.Join(r.StoreEntry(digest), "base.img")
+	return filepath.Join(r.StoreEntry(digest), basestore.ImageName)
 }
 
 // StoreEntry returns the directory of the base with digest ("sha256:HEX"
 // or HEX) in r's node base store, which holds base.img and its write set.
 func (r *Runsc) StoreEntry(digest string) string {
-	return filepath.Join(r.StorePath(), "sha256", strings.TrimPrefix(digest, "sha256:"))
+	return basestore.Entry(r.StorePath(), digest)
 }
 
 func (r *Runsc) command(args ...string) *exec.Cmd {

@@ -3,11 +3,9 @@ package writeset
 import (
 	"os"
 	"path/filepath"
-)
 
-// baseImageName is the base's file name in an image directory and in a node
-// base store entry.
-const baseImageName = "base.img"
+	"github.com/forkvisor/forkvisor/internal/basestore"
+)
 
 // Path returns where runsc keeps the write set of the base that the
 // checkpoint in imageDir was saved against, given that base's entry in the
@@ -21,11 +19,11 @@ func Path(imageDir, storeEntry string) string {
 	if storeEntry == "" {
 		return beside
 	}
-	stored, err := os.Stat(filepath.Join(storeEntry, baseImageName))
+	stored, err := os.Stat(filepath.Join(storeEntry, basestore.ImageName))
 	if err != nil {
 		return beside
 	}
-	if own, err := os.Stat(filepath.Join(imageDir, baseImageName)); err == nil && !os.SameFile(own, stored) {
+	if own, err := os.Stat(filepath.Join(imageDir, basestore.ImageName)); err == nil && !os.SameFile(own, stored) {
 		return beside
 	}
 	return filepath.Join(storeEntry, Name)

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/forkvisor/forkvisor/internal/basestore"
 )
 
 func TestPath(t *testing.T) {
@@ -25,17 +27,17 @@ func TestPath(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			image, entry := t.TempDir(), t.TempDir()
 			if tc.stored {
-				if err := os.WriteFile(filepath.Join(entry, baseImageName), []byte("base"), 0o444); err != nil {
+				if err := os.WriteFile(filepath.Join(entry, basestore.ImageName), []byte("base"), 0o444); err != nil {
 					t.Fatal(err)
 				}
 			}
 			switch tc.image {
 			case "link":
-				if err := os.Link(filepath.Join(entry, baseImageName), filepath.Join(image, baseImageName)); err != nil {
+				if err := os.Link(filepath.Join(entry, basestore.ImageName), filepath.Join(image, basestore.ImageName)); err != nil {
 					t.Fatal(err)
 				}
 			case "own":
-				if err := os.WriteFile(filepath.Join(image, baseImageName), []byte("base"), 0o444); err != nil {
+				if err := os.WriteFile(filepath.Join(image, basestore.ImageName), []byte("base"), 0o444); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -41,8 +41,8 @@ type snapshotManifest struct {
 // filestore) lives on a loopback XFS with reflink.
 type layerEnv struct {
 	r      *sandbox.Runsc
-	fs     *xfs.FS
-	dir    string // on XFS
+	fs     *xfs.FS // nil for newLayerEnvIn
+	dir    string  // on fs, if any
 	bundle string
 }
 
@@ -54,7 +54,6 @@ func newLayerEnv(t *testing.T, fileMiB int) *layerEnv {
 // newLayerEnvOn is newLayerEnv on an XFS of fsBytes.
 func newLayerEnvOn(t *testing.T, fileMiB int, fsBytes int64) *layerEnv {
 	t.Helper()
-	bin := binary(t, "runsc")
 	if why := xfs.Available(); why != "" {
 		prereq.Missing(t, "%s", why)
 	}
@@ -63,10 +62,20 @@ func newLayerEnvOn(t *testing.T, fileMiB int, fsBytes int64) *layerEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(fs.Unmount)
-	e := &layerEnv{fs: fs, dir: fs.Dir}
+	e := newLayerEnvIn(t, fileMiB, fs.Dir)
+	e.fs = fs
+	return e
+}
+
+// newLayerEnvIn is newLayerEnv in dir, on whatever filesystem holds it; its
+// fs is nil.
+func newLayerEnvIn(t *testing.T, fileMiB int, dir string) *layerEnv {
+	t.Helper()
+	bin := binary(t, "runsc")
+	e := &layerEnv{dir: dir}
 	// The node base store on the same filesystem as the images, so that
 	// images link their base (as on a node that keeps both on one disk).
-	e.r = &sandbox.Runsc{Bin: bin, Root: filepath.Join(t.TempDir(), "root"), BaseStore: filepath.Join(fs.Dir, "bases")}
+	e.r = &sandbox.Runsc{Bin: bin, Root: filepath.Join(t.TempDir(), "root"), BaseStore: filepath.Join(dir, "bases")}
 	t.Cleanup(e.r.Cleanup)
 	e.bundle = filepath.Join(e.dir, "bundle")
 	if err := sandbox.NewBundle(e.bundle, tickBin, "-mib", "16", "-interval", "50ms", "-file", "/layer.bin", "-file-mib", fmt.Sprint(fileMiB)); err != nil {
@@ -388,43 +397,72 @@ func TestFilestoreParkWritesBackOnlyItsLayer(t *testing.T) {
 	}
 }
 
-// TestFilestoreSnapshotDirWithoutReflink parks sandboxes into a snapshot
-// directory on another filesystem (the host's root, not the XFS that holds
-// the filestores), where FICLONE fails: the checkpoint fails before the
-// pause, with and without --leave-running, naming the directory and the
+// TestFilestoreSnapshotDirWithoutReflink parks sandboxes where FICLONE
+// fails: into a snapshot directory on another filesystem than the
+// filestores' (EXDEV), and from filestores on a filesystem without reflink
+// into a directory beside them (EOPNOTSUPP). Each checkpoint fails before
+// the pause, with and without --leave-running, naming the directory and the
 // reason, leaves no snapshot and no image, and both sources run on.
 func TestFilestoreSnapshotDirWithoutReflink(t *testing.T) {
-	e := newLayerEnv(t, 16)
-	ids := []string{"leave-running", "plain"}
-	outs := map[string]string{}
-	for _, id := range ids {
-		outs[id] = e.start(t, id)
-	}
-	for _, id := range ids {
-		// runsc's own message names snap, not only the command line that
-		// the error quotes.
-		snap := filepath.Join(t.TempDir(), "snap")
-		e.parkFails(t, id, snap, "reflink", "snapshots into "+snap)
-	}
-	// The failure came before the pause: even the plain checkpoint left its
-	// source running with its layer and heap.
-	for _, id := range ids {
-		fullCheck(t, outs[id], 16)
+	for _, tc := range []struct {
+		name string
+		env  func(t *testing.T) *layerEnv
+		// snapDir is where the snapshot directories go.
+		snapDir func(t *testing.T, e *layerEnv) string
+		errno   string
+	}{
+		{
+			name:    "another-filesystem",
+			env:     func(t *testing.T) *layerEnv { return newLayerEnv(t, 16) },
+			snapDir: func(t *testing.T, e *layerEnv) string { return t.TempDir() }, // the host's root, not the XFS
+			errno:   "invalid cross-device link",
+		},
+		{
+			// t.TempDir() is on the host's root filesystem, ext4 here
+			// (DESIGN.md §2), which has no reflink.
+			name:    "no-reflink",
+			env:     func(t *testing.T) *layerEnv { return newLayerEnvIn(t, 16, t.TempDir()) },
+			snapDir: func(t *testing.T, e *layerEnv) string { return e.dir },
+			errno:   "operation not supported",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := tc.env(t)
+			ids := []string{"leave-running", "plain"}
+			outs := map[string]string{}
+			for _, id := range ids {
+				outs[id] = e.start(t, id)
+			}
+			for _, id := range ids {
+				// runsc's own message names snap, not only the command
+				// line that the error quotes.
+				snap := filepath.Join(tc.snapDir(t, e), id+"-snap")
+				e.parkFails(t, id, snap, "reflink", tc.errno, "snapshots into "+snap)
+			}
+			// The failure came before the pause: even the plain
+			// checkpoint left its source running with its layer and heap.
+			for _, id := range ids {
+				fullCheck(t, outs[id], 16)
+			}
+		})
 	}
 }
 
 // parkFails checkpoints id (with --leave-running if id is
 // "leave-running") into a new image directory with its filestore snapshots
 // in snap, and checks that the checkpoint fails with an error containing
-// each of want, leaving no image directory and no file in snap.
+// each of want, leaving no image directory and snap as it was: empty if it
+// existed, absent if not.
 func (e *layerEnv) parkFails(t *testing.T, id, snap string, want ...string) {
 	t.Helper()
 	image := filepath.Join(t.TempDir(), "image")
+	_, err := os.Stat(snap)
+	snapExisted := err == nil
 	flags := []string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}
 	if id == "leave-running" {
 		flags = append(flags, "--leave-running")
 	}
-	err := e.r.Checkpoint(id, image, flags...)
+	err = e.r.Checkpoint(id, image, flags...)
 	if err == nil {
 		t.Fatalf("%s: checkpoint into %s succeeded", id, snap)
 	}
@@ -434,8 +472,11 @@ func (e *layerEnv) parkFails(t *testing.T, id, snap string, want ...string) {
 			t.Errorf("%s: checkpoint error %q; want it to contain %q", id, err, w)
 		}
 	}
-	if entries, err := os.ReadDir(snap); !os.IsNotExist(err) && len(entries) != 0 {
+	switch entries, err := os.ReadDir(snap); {
+	case snapExisted && len(entries) != 0:
 		t.Errorf("%s: the failed checkpoint left %d files in %s", id, len(entries), snap)
+	case !snapExisted && !os.IsNotExist(err):
+		t.Errorf("%s: the failed checkpoint left the snapshot directory %s that it created (%d entries, %v)", id, snap, len(entries), err)
 	}
 	if _, err := os.Stat(image); !os.IsNotExist(err) {
 		t.Errorf("%s: the failed checkpoint left its image directory %s (%v)", id, image, err)
