@@ -20,7 +20,7 @@
 //	layers-dirty  the same, parked right after the layer is written (nothing
 //	           flushed by the caller) with --leave-running: pause_ms is how
 //	           long the save paused the sandbox (its debug log, both
-//	           runtimes), freeze_ms the longest gap between its 50 ms ticks
+//	           runtimes), freeze_ms the longest gap between its 20 ms ticks
 //	           as they arrive
 //	registry   park a 256 MiB tick workload on node A, push it to a registry
 //	           on loopback (bin/forkvisor-oci), pull it on a cold node B and
@@ -163,7 +163,7 @@ type Result struct {
 	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"` // allocated, exclusive of shared extents not counted
 
 	// FreezeMs (layers-dirty) is the longest gap between the parked
-	// sandbox's 50 ms ticks around a --leave-running park (median).
+	// sandbox's 20 ms ticks around a --leave-running park (median).
 	FreezeMs        float64   `json:"freeze_ms,omitempty"`
 	FreezeSamplesMs []float64 `json:"freeze_samples_ms,omitempty"`
 	// PauseMs (layers-dirty) is how long the park paused the sandbox's
