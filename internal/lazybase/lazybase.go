@@ -224,6 +224,10 @@ type Server struct {
 	// recent holds the blocks most recently verified, of every base.
 	recent *recentBlocks
 
+	// fetchSlots holds a token for each registry fetch in flight, of
+	// every base: at most maxFetches.
+	fetchSlots chan struct{}
+
 	mu    sync.Mutex
 	bases map[string]*base // by hex digest; protected by mu
 	stats Stats            // protected by mu
@@ -284,7 +288,7 @@ func Serve(root string, newFetcher NewFetcherFunc) (*Server, error) {
 	} else if mounted(mnt) {
 		return nil, fmt.Errorf("a lazy base fetcher already serves %s", mnt)
 	}
-	s := &Server{root: root, newFetcher: newFetcher, recent: newRecentBlocks(), bases: map[string]*base{}}
+	s := &Server{root: root, newFetcher: newFetcher, recent: newRecentBlocks(), fetchSlots: make(chan struct{}, maxFetches), bases: map[string]*base{}}
 	long := time.Hour
 	srv, err := fs.Mount(mnt, &rootNode{s: s}, &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -691,7 +695,7 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	// but not a registry that stopped answering.
 	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
 	defer cancel()
-	data, err := b.fetch(ctx, want, int64(n))
+	data, err := b.s.fetchBounded(ctx, b.fetch, want, int64(n))
 	if errors.Is(err, ErrMismatch) {
 		return nil, false, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest (%s): %w; refused", i, b.hex, b.src.Reference, want, err)
 	}
@@ -745,6 +749,23 @@ func (b *base) cached(off, n int64) bool {
 		return false // no data from off to the end of the file
 	}
 	return err != nil || data < off+n
+}
+
+// maxFetches bounds the registry fetches in flight on a node, for every
+// base and reader together: a fetch holds a block (2 MiB) in memory, and
+// the kernel may send up to MaxBackground (128) reads at once, each for a
+// different block. Readers beyond it wait for a slot (within fetchTimeout).
+const maxFetches = 8
+
+// fetchBounded calls fetch once one of s.fetchSlots is free.
+func (s *Server) fetchBounded(ctx context.Context, fetch FetchFunc, digest string, size int64) ([]byte, error) {
+	select {
+	case s.fetchSlots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for one of the node's %d registry fetches in flight to finish: %w", maxFetches, ctx.Err())
+	}
+	defer func() { <-s.fetchSlots }()
+	return fetch(ctx, digest, size)
 }
 
 // fetchTimeout bounds one block fetch.

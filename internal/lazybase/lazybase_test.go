@@ -592,3 +592,82 @@ func TestServeWithAFullCache(t *testing.T) {
 		t.Errorf("the 3 MiB cache holds %d of the 4 fetched blocks", kept)
 	}
 }
+
+// TestServeBoundsFetchesInFlight reads 3*maxFetches distinct blocks at once
+// from a registry that answers slowly: at most maxFetches fetches are in
+// flight together, and every reader gets its bytes.
+func TestServeBoundsFetchesInFlight(t *testing.T) {
+	const blocks = 3 * maxFetches
+	data := make([]byte, blocks*blockmanifest.BlockSize)
+	for i := 0; i < blocks; i++ {
+		copy(data[i*blockmanifest.BlockSize:], fmt.Sprintf("block %d", i))
+	}
+	path := filepath.Join(t.TempDir(), "base.img")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bf, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bf.Close()
+	reg := &fakeRegistry{blobs: map[string][]byte{}, fetches: map[string]int{}}
+	m, err := blockmanifest.Build(bf, uint64(len(data)), func(i int, block []byte, sum [sha256.Size]byte) error {
+		reg.blobs["sha256:"+hex.EncodeToString(sum[:])] = append([]byte(nil), block...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
+		t.Fatal(err)
+	}
+	var inFlight, most atomic.Int32
+	slow := func(ctx context.Context, dg string, size int64) ([]byte, error) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		return reg.fetch(ctx, dg, size)
+	}
+	if os.Geteuid() != 0 {
+		prereq.Missing(t, "mounting the lazy fetcher's FUSE filesystem needs root")
+	}
+	s, err := Serve(root, func(Source) (FetchFunc, error) { return slow, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Unmount() })
+	f, err := os.Open(Path(root, m.Digest[len("sha256:"):]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var wg sync.WaitGroup
+	var bad atomic.Int32
+	for i := 0; i < blocks; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 4096)
+			off := int64(i) * blockmanifest.BlockSize
+			if _, err := f.ReadAt(buf, off); err != nil || !bytes.Equal(buf, data[off:off+4096]) {
+				bad.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if bad.Load() != 0 {
+		t.Errorf("%d of %d readers got wrong bytes or an error", bad.Load(), blocks)
+	}
+	if got := most.Load(); got > maxFetches || got < 2 {
+		t.Errorf("%d fetches in flight at most, want 2..%d", got, maxFetches)
+	}
+	t.Logf("%d fetches in flight at most for %d concurrent readers", most.Load(), blocks)
+}
