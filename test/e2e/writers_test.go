@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -215,6 +217,55 @@ func TestSharedBaseCOWExtremes(t *testing.T) {
 		}
 	}
 	waitFullCheck(t, out, mib)
+}
+
+// TestSharedBaseSurvivesStubENOMEM restores a writer's clone with systrap
+// failing every 25th mmap and munmap of an application mapping with ENOMEM
+// (--TESTONLY-systrap-enomem-every), as a stub at the host's
+// vm.max_map_count would: the host limit itself is left alone, since it
+// applies to every process on the machine. The sandbox drops the stub's
+// application mappings and retries instead of failing the guest's access or
+// panicking; the clone continues with an intact heap through writes to
+// every other page and a fork.
+func TestSharedBaseSurvivesStubENOMEM(t *testing.T) {
+	const mib = 64
+	p := parkSource(t, mib, "-write-pct", "30")
+	logs := filepath.Join(p.dir, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p.r.LogDir = logs
+	p.r.Flags = append(p.r.Flags, "--TESTONLY-systrap-enomem-every=25")
+	out := p.restoreClone(t, "x", p.image, p.lastTick)
+	for _, step := range []struct{ cmd, done string }{{"scribble", "scribbled"}, {"fork", "forkchild sum=ok"}} {
+		n := len(sandbox.Lines(out))
+		p.send(t, "x", step.cmd)
+		if _, _, err := sandbox.WaitForLine(out, n, 30*time.Second, func(l string) bool { return strings.HasPrefix(l, step.done) }); err != nil {
+			t.Fatalf("%s: %v (the sandbox may have died; debug logs in %s)", step.cmd, err, logs)
+		}
+	}
+	waitFullCheck(t, out, mib)
+	if !logsContain(t, logs, "dropped all of its application mappings") {
+		t.Fatalf("no ENOMEM fallback logged: the injection did not run (debug logs in %s)", logs)
+	}
+	// The log is rate-limited: its last count is a lower bound.
+	most := 0
+	entries, err := os.ReadDir(logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := regexp.MustCompile(`\((\d+) times in this sentry\)`)
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(logs, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range count.FindAllSubmatch(b, -1) {
+			n, _ := strconv.Atoi(string(m[1]))
+			most = max(most, n)
+		}
+	}
+	t.Logf("the sentry logged at least %d ENOMEM fallbacks", most)
 }
 
 // TestSharedBaseExecBreaksCOW makes a page of a clone's base memory
