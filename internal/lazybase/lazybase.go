@@ -598,7 +598,14 @@ const maxPrefetches = 4
 
 // ensure returns block i as load1 does for a reader.
 func (b *base) ensure(i int) ([]byte, bool, error) {
-	return b.load1(i, false)
+	for try := 0; ; try++ {
+		block, fetched, err := b.load1(i, false)
+		// A reader that joined a prefetch which found no fetch slot
+		// free loads the block itself.
+		if !errors.Is(err, errNoFetchSlot) || try == 2 {
+			return block, fetched, err
+		}
+	}
 }
 
 // load1 returns block i, verified, and whether it was fetched from the
@@ -626,7 +633,9 @@ func (b *base) load1(i int, speculative bool) ([]byte, bool, error) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		if err != nil && speculative {
-			fmt.Fprintf(os.Stderr, "lazybase: prefetch: %v\n", err)
+			if !errors.Is(err, errNoFetchSlot) {
+				fmt.Fprintf(os.Stderr, "lazybase: prefetch: %v\n", err)
+			}
 			return nil, err
 		}
 		if err != nil {
@@ -691,11 +700,10 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 		}
 	}
 	start := time.Now()
-	// The fetch outlives the read that started it (others may wait on it),
-	// but not a registry that stopped answering.
-	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
-	defer cancel()
-	data, err := b.s.fetchBounded(ctx, b.fetch, want, int64(n))
+	data, err := b.s.fetchBounded(b.fetch, want, int64(n), speculative)
+	if errors.Is(err, errNoFetchSlot) {
+		return nil, false, err
+	}
 	if errors.Is(err, ErrMismatch) {
 		return nil, false, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest (%s): %w; refused", i, b.hex, b.src.Reference, want, err)
 	}
@@ -710,7 +718,9 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 		// The block is verified: serve it from memory (recent) and fetch
 		// it again once it is evicted there. A full or failing cache disk
 		// makes the node fetch more, never a verified read fail. The hole
-		// keeps a partial write from being taken for the block (cached).
+		// makes cached skip the block's range; should punching fail too,
+		// a partial write is still never served: a block read from the
+		// cache file is hashed first.
 		_ = unix.Fallocate(int(b.cache.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n))
 		fmt.Fprintf(os.Stderr, "lazybase: serving block %d of base sha256:%s from memory: writing it to the node cache %s: %v\n", i, b.hex, b.cache.Name(), err)
 		b.s.mu.Lock()
@@ -757,14 +767,34 @@ func (b *base) cached(off, n int64) bool {
 // different block. Readers beyond it wait for a slot (within fetchTimeout).
 const maxFetches = 8
 
-// fetchBounded calls fetch once one of s.fetchSlots is free.
-func (s *Server) fetchBounded(ctx context.Context, fetch FetchFunc, digest string, size int64) ([]byte, error) {
-	select {
-	case s.fetchSlots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for one of the node's %d registry fetches in flight to finish: %w", maxFetches, ctx.Err())
+// errNoFetchSlot is a prefetch skipped because every fetch slot was taken.
+var errNoFetchSlot = errors.New("no registry fetch slot free for a prefetch")
+
+// fetchBounded calls fetch once one of s.fetchSlots is free, and gives it
+// fetchTimeout from then. A prefetch (speculative) does not wait: with no
+// slot free it fails with errNoFetchSlot at once, so that prefetches never
+// hold up readers. A reader waits for a slot for at most fetchTimeout.
+func (s *Server) fetchBounded(fetch FetchFunc, digest string, size int64, speculative bool) ([]byte, error) {
+	if speculative {
+		select {
+		case s.fetchSlots <- struct{}{}:
+		default:
+			return nil, errNoFetchSlot
+		}
+	} else {
+		wait := time.NewTimer(fetchTimeout)
+		defer wait.Stop()
+		select {
+		case s.fetchSlots <- struct{}{}:
+		case <-wait.C:
+			return nil, fmt.Errorf("no fetch finished among the node's %d registry fetches in flight within %s", maxFetches, fetchTimeout)
+		}
 	}
 	defer func() { <-s.fetchSlots }()
+	// The fetch outlives the read that started it (others may wait on it),
+	// but not a registry that stopped answering.
+	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
+	defer cancel()
 	return fetch(ctx, digest, size)
 }
 
