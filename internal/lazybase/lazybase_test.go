@@ -71,6 +71,14 @@ func newBase(t *testing.T) ([]byte, *blockmanifest.Manifest, *fakeRegistry) {
 	}
 	copy(data[4*blockmanifest.BlockSize:], data[blockmanifest.BlockSize:2*blockmanifest.BlockSize])
 	copy(data[5*blockmanifest.BlockSize:], []byte("the last, short block"))
+	m, reg := baseOf(t, data)
+	return data, m, reg
+}
+
+// baseOf returns the block manifest of a base holding data, and a fake
+// registry that serves its blocks.
+func baseOf(t *testing.T, data []byte) (*blockmanifest.Manifest, *fakeRegistry) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "base.img")
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
@@ -88,7 +96,7 @@ func newBase(t *testing.T) ([]byte, *blockmanifest.Manifest, *fakeRegistry) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return data, m, reg
+	return m, reg
 }
 
 // registeredBase returns newBase's base registered in a new store root.
@@ -602,23 +610,7 @@ func TestServeBoundsFetchesInFlight(t *testing.T) {
 	for i := 0; i < blocks; i++ {
 		copy(data[i*blockmanifest.BlockSize:], fmt.Sprintf("block %d", i))
 	}
-	path := filepath.Join(t.TempDir(), "base.img")
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bf, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bf.Close()
-	reg := &fakeRegistry{blobs: map[string][]byte{}, fetches: map[string]int{}}
-	m, err := blockmanifest.Build(bf, uint64(len(data)), func(i int, block []byte, sum [sha256.Size]byte) error {
-		reg.blobs["sha256:"+hex.EncodeToString(sum[:])] = append([]byte(nil), block...)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, reg := baseOf(t, data)
 	root := t.TempDir()
 	if err := Register(root, m, Source{Reference: "registry.test/base"}); err != nil {
 		t.Fatal(err)

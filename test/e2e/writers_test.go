@@ -219,6 +219,20 @@ func TestSharedBaseCOWExtremes(t *testing.T) {
 	waitFullCheck(t, out, mib)
 }
 
+// parkWriterWithLogs parks a shared-base source of mib MiB that stores into
+// 30% of its heap pages each tick, and has its runsc write debug logs into
+// the returned directory from then on.
+func parkWriterWithLogs(t *testing.T, mib int) (*parked, string) {
+	t.Helper()
+	p := parkSource(t, mib, "-write-pct", "30")
+	logs := filepath.Join(p.dir, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p.r.LogDir = logs
+	return p, logs
+}
+
 // TestSharedBaseSurvivesStubENOMEM restores a writer's clone with systrap
 // failing every 25th mmap and munmap of an application mapping with ENOMEM
 // (--TESTONLY-systrap-enomem-every), as a stub at the host's
@@ -229,12 +243,7 @@ func TestSharedBaseCOWExtremes(t *testing.T) {
 // every other page and a fork.
 func TestSharedBaseSurvivesStubENOMEM(t *testing.T) {
 	const mib = 64
-	p := parkSource(t, mib, "-write-pct", "30")
-	logs := filepath.Join(p.dir, "logs")
-	if err := os.MkdirAll(logs, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	p.r.LogDir = logs
+	p, logs := parkWriterWithLogs(t, mib)
 	p.r.Flags = append(p.r.Flags, "--TESTONLY-systrap-enomem-every=25")
 	out := p.restoreClone(t, "x", p.image, p.lastTick)
 	for _, step := range []struct{ cmd, done string }{{"scribble", "scribbled"}, {"fork", "forkchild sum=ok"}} {
@@ -311,12 +320,7 @@ func TestSharedBaseParkWhileLearning(t *testing.T) {
 	for _, paused := range []bool{false, true} {
 		t.Run(fmt.Sprintf("paused=%t", paused), func(t *testing.T) {
 			const mib = 64
-			p := parkSource(t, mib, "-write-pct", "30")
-			logs := filepath.Join(p.dir, "logs")
-			if err := os.MkdirAll(logs, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			p.r.LogDir = logs
+			p, logs := parkWriterWithLogs(t, mib)
 			image2 := filepath.Join(p.dir, "image-learning")
 			var out string
 			var before, after int
