@@ -555,8 +555,17 @@ func (b *base) prefetchAfter(i int) {
 		default:
 			return // enough in flight; readers fetch the rest themselves
 		}
+		select {
+		case b.s.fetchSlots <- struct{}{}:
+		default:
+			<-b.prefetching
+			return // every fetch slot of the node is taken: readers first
+		}
 		go func() {
-			defer func() { <-b.prefetching }()
+			defer func() {
+				<-b.s.fetchSlots
+				<-b.prefetching
+			}()
 			b.load1(j, true)
 		}()
 	}
@@ -598,14 +607,7 @@ const maxPrefetches = 4
 
 // ensure returns block i as load1 does for a reader.
 func (b *base) ensure(i int) ([]byte, bool, error) {
-	for try := 0; ; try++ {
-		block, fetched, err := b.load1(i, false)
-		// A reader that joined a prefetch which found no fetch slot
-		// free loads the block itself.
-		if !errors.Is(err, errNoFetchSlot) || try == 2 {
-			return block, fetched, err
-		}
-	}
+	return b.load1(i, false)
 }
 
 // load1 returns block i, verified, and whether it was fetched from the
@@ -616,7 +618,8 @@ func (b *base) ensure(i int) ([]byte, bool, error) {
 // page by page), and a registry that hangs must not hold every retry for
 // fetchTimeout. A failed speculative load (a prefetch, which no reader
 // asked for) is not remembered that way: the reader that touches the block
-// later tries again.
+// later tries again. A speculative caller holds one of the node's fetch
+// slots (prefetchAfter).
 func (b *base) load1(i int, speculative bool) ([]byte, bool, error) {
 	type loaded struct {
 		block   []byte
@@ -633,9 +636,7 @@ func (b *base) load1(i int, speculative bool) ([]byte, bool, error) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		if err != nil && speculative {
-			if !errors.Is(err, errNoFetchSlot) {
-				fmt.Fprintf(os.Stderr, "lazybase: prefetch: %v\n", err)
-			}
+			fmt.Fprintf(os.Stderr, "lazybase: prefetch: %v\n", err)
 			return nil, err
 		}
 		if err != nil {
@@ -701,9 +702,6 @@ func (b *base) load(i int, speculative bool) ([]byte, bool, error) {
 	}
 	start := time.Now()
 	data, err := b.s.fetchBounded(b.fetch, want, int64(n), speculative)
-	if errors.Is(err, errNoFetchSlot) {
-		return nil, false, err
-	}
 	if errors.Is(err, ErrMismatch) {
 		return nil, false, fmt.Errorf("block %d of base sha256:%s from %s does not match the block manifest (%s): %w; refused", i, b.hex, b.src.Reference, want, err)
 	}
@@ -767,21 +765,12 @@ func (b *base) cached(off, n int64) bool {
 // different block. Readers beyond it wait for a slot (within fetchTimeout).
 const maxFetches = 8
 
-// errNoFetchSlot is a prefetch skipped because every fetch slot was taken.
-var errNoFetchSlot = errors.New("no registry fetch slot free for a prefetch")
-
-// fetchBounded calls fetch once one of s.fetchSlots is free, and gives it
-// fetchTimeout from then. A prefetch (speculative) does not wait: with no
-// slot free it fails with errNoFetchSlot at once, so that prefetches never
-// hold up readers. A reader waits for a slot for at most fetchTimeout.
-func (s *Server) fetchBounded(fetch FetchFunc, digest string, size int64, speculative bool) ([]byte, error) {
-	if speculative {
-		select {
-		case s.fetchSlots <- struct{}{}:
-		default:
-			return nil, errNoFetchSlot
-		}
-	} else {
+// fetchBounded calls fetch with fetchTimeout, holding one of s.fetchSlots:
+// the caller's if holdsSlot (a prefetch takes its slot before it starts, in
+// prefetchAfter, and is skipped if none is free, so that prefetches never
+// hold up readers), else one it waits for, for at most fetchTimeout.
+func (s *Server) fetchBounded(fetch FetchFunc, digest string, size int64, holdsSlot bool) ([]byte, error) {
+	if !holdsSlot {
 		wait := time.NewTimer(fetchTimeout)
 		defer wait.Stop()
 		select {
@@ -789,8 +778,8 @@ func (s *Server) fetchBounded(fetch FetchFunc, digest string, size int64, specul
 		case <-wait.C:
 			return nil, fmt.Errorf("no fetch finished among the node's %d registry fetches in flight within %s", maxFetches, fetchTimeout)
 		}
+		defer func() { <-s.fetchSlots }()
 	}
-	defer func() { <-s.fetchSlots }()
 	// The fetch outlives the read that started it (others may wait on it),
 	// but not a registry that stopped answering.
 	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)

@@ -402,7 +402,9 @@ func TestFilestoreParkWritesBackOnlyItsLayer(t *testing.T) {
 // filestores' (EXDEV), and from filestores on a filesystem without reflink
 // into a directory beside them (EOPNOTSUPP). Each checkpoint fails before
 // the pause, with and without --leave-running, naming the directory and the
-// reason, leaves no snapshot and no image, and both sources run on.
+// reason, leaves no snapshot and no image (a snapshot directory it
+// created is removed, an empty one the caller made stays), and both
+// sources run on.
 func TestFilestoreSnapshotDirWithoutReflink(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -436,6 +438,12 @@ func TestFilestoreSnapshotDirWithoutReflink(t *testing.T) {
 				// runsc's own message names snap, not only the command
 				// line that the error quotes.
 				snap := filepath.Join(tc.snapDir(t, e), id+"-snap")
+				if id == "plain" {
+					// An empty directory of the caller's: it must stay.
+					if err := os.Mkdir(snap, 0o755); err != nil {
+						t.Fatal(err)
+					}
+				}
 				e.parkFails(t, id, snap, "reflink", tc.errno, "snapshots into "+snap)
 			}
 			// The failure came before the pause: even the plain
