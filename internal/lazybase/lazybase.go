@@ -75,6 +75,7 @@ import (
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/noreplace"
+	"github.com/forkvisor/forkvisor/internal/writeset"
 )
 
 // Names in the base store.
@@ -380,6 +381,15 @@ type base struct {
 	// failed holds the last failure of blocks whose last load failed;
 	// protected by mu.
 	failed map[int]failure
+	// advised[i] is true for the blocks that the served write set touches.
+	// runsc asks for all of them at once while it starts a restore
+	// (FADV_WILLNEED on each, see runsc/sharedbase), so a miss of one of
+	// them says nothing about where a reader goes next: its neighbours are
+	// not prefetched, which keeps the fetch work at the start of a restore
+	// to the blocks it needs. nil until a valid write set is served (an
+	// invalid one is served too, since runsc checks and logs it, but
+	// advises nothing). Protected by mu.
+	advised []bool
 }
 
 // loadBase returns the served state of base hex, loading it on first use.
@@ -499,6 +509,31 @@ func readWriteSet(path string) ([]byte, error) {
 	return data, nil
 }
 
+// noteWriteSet records which blocks the write set data touches (advised),
+// if it is a valid write set of b; the first one noted stays, like the
+// first one served.
+func (b *base) noteWriteSet(data []byte) {
+	id, err := hex.DecodeString(b.hex)
+	if err != nil {
+		return
+	}
+	ranges, err := writeset.Ranges(data, b.m.Length, id)
+	if err != nil {
+		return // served all the same; runsc refuses it with the reason
+	}
+	advised := make([]bool, len(b.present))
+	for _, r := range ranges {
+		for i := r[0] / blockmanifest.BlockSize; i < (r[1]+blockmanifest.BlockSize-1)/blockmanifest.BlockSize; i++ {
+			advised[i] = true
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.advised == nil {
+		b.advised = advised
+	}
+}
+
 // readAt fills dest with the base's bytes at off, making sure first that
 // every block it overlaps is present and verified.
 func (b *base) readAt(dest []byte, off int64) (int, error) {
@@ -531,13 +566,18 @@ func (b *base) readAt(dest []byte, off int64) (int, error) {
 }
 
 // prefetchAfter starts fetching, in the background, the blocks that a reader
-// that just missed block i is likely to touch next (prefetchRange).
+// that just missed block i is likely to touch next (prefetchRange), unless
+// block i is one that runsc asked for as part of a write set (advised).
 // Neighbours are fetched concurrently with the reader's own accesses, so a
 // jump costs about one registry round trip instead of one per block.
 // Readers of those blocks wait for the fetch in flight rather than start
 // another.
 func (b *base) prefetchAfter(i int) {
 	b.mu.Lock()
+	if b.advised != nil && b.advised[i] {
+		b.mu.Unlock()
+		return
+	}
 	from, to := prefetchRange(i, len(b.present), func(j int) bool { return b.present[j] })
 	b.mu.Unlock()
 	for j := max(from, 0); j <= to && j < len(b.m.Blocks); j++ {
@@ -824,7 +864,7 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if ch := r.GetChild(name); ch != nil {
 		return ch, 0
 	}
-	dir := r.NewPersistentInode(ctx, &dirNode{writeSetPath: filepath.Join(r.s.root, CacheDir, name, writeSetName)}, fs.StableAttr{Mode: fuse.S_IFDIR})
+	dir := r.NewPersistentInode(ctx, &dirNode{b: b, writeSetPath: filepath.Join(r.s.root, CacheDir, name, writeSetName)}, fs.StableAttr{Mode: fuse.S_IFDIR})
 	dir.AddChild(baseName, dir.NewPersistentInode(ctx, &fileNode{b: b}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
 	dir.AddChild(recordName, dir.NewPersistentInode(ctx, &recordNode{data: b.record}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
 	r.AddChild(name, dir, false)
@@ -838,6 +878,7 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 // does not cache a failed lookup (no negative timeout), so it asks again.
 type dirNode struct {
 	fs.Inode
+	b            *base
 	writeSetPath string
 }
 
@@ -853,6 +894,7 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 			fmt.Fprintf(os.Stderr, "lazybase: not serving %s: %v\n", d.writeSetPath, err)
 		}
 		if data != nil {
+			d.b.noteWriteSet(data)
 			d.AddChild(name, d.NewPersistentInode(ctx, &recordNode{data: data}, fs.StableAttr{Mode: fuse.S_IFREG}), false)
 			ch = d.GetChild(name) // this one, or one added concurrently
 		}

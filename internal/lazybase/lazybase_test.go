@@ -21,6 +21,7 @@ import (
 
 	"github.com/forkvisor/forkvisor/internal/blockmanifest"
 	"github.com/forkvisor/forkvisor/internal/prereq"
+	"github.com/forkvisor/forkvisor/internal/writeset"
 )
 
 // fakeRegistry serves blocks by digest and counts fetches.
@@ -662,4 +663,60 @@ func TestServeBoundsFetchesInFlight(t *testing.T) {
 		t.Errorf("%d fetches in flight at most, want 2..%d", got, maxFetches)
 	}
 	t.Logf("%d fetches in flight at most for %d concurrent readers", most.Load(), blocks)
+}
+
+// TestServeNoPrefetchAroundWriteSetBlocks checks that a miss of a block that
+// the served write set touches (runsc asks for all of those at once) does
+// not prefetch its neighbours, while a miss of any other block does.
+func TestServeNoPrefetchAroundWriteSetBlocks(t *testing.T) {
+	_, m, reg, root := registeredBase(t)
+	hexRoot := m.Digest[len("sha256:"):]
+	id, err := hex.DecodeString(hexRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bs = blockmanifest.BlockSize
+	ws := writeset.Encode(m.Length, id, [][2]uint64{{4*bs + 4096, 4*bs + 3*4096}})
+	if ok, err := AddWriteSet(root, hexRoot, ws); !ok || err != nil {
+		t.Fatalf("AddWriteSet = %v, %v", ok, err)
+	}
+	serve(t, root, reg)
+	// runsc reads the write set before it reads the blocks it touches.
+	if got, err := os.ReadFile(filepath.Join(root, MountDir, hexRoot, writeSetName)); err != nil || !bytes.Equal(got, ws) {
+		t.Fatalf("reading the write set: %v", err)
+	}
+	f, err := os.Open(Path(root, hexRoot))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	// Block 4 is in the write set: block 5, its only non-zero neighbour,
+	// must not be prefetched. Block 0 is not: block 1 must be.
+	for _, off := range []int64{4*bs + 4096, 0} {
+		if _, err := f.ReadAt(buf, off); err != nil {
+			t.Fatalf("reading at %#x: %v", off, err)
+		}
+	}
+	var fetches []Fetch
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if fetches, err = Fetches(root, hexRoot); err != nil {
+			t.Fatal(err)
+		}
+		if fetchesOf(fetches, 1) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // a prefetch of block 5 would have started with block 4's miss
+	if fetches, err = Fetches(root, hexRoot); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		block int
+		want  int
+	}{{0, 1}, {1, 1}, {4, 1}, {5, 0}} {
+		if got := fetchesOf(fetches, tc.block); got != tc.want {
+			t.Errorf("block %d fetched %d times, want %d (fetch log %v)", tc.block, got, tc.want, fetches)
+		}
+	}
 }

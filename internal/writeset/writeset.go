@@ -76,51 +76,60 @@ func Complete(data []byte) bool { return bytes.HasPrefix(data, magic) }
 // reads, of the base with the given length and ID (its SHA-256 root), or an
 // error that says what is wrong.
 func Check(data []byte, length uint64, id []byte) error {
+	_, err := Ranges(data, length, id)
+	return err
+}
+
+// Ranges checks data as Check does and returns its ranges ([start, end)
+// byte offsets into the base, page-aligned, ascending and separate).
+func Ranges(data []byte, length uint64, id []byte) ([][2]uint64, error) {
 	if len(data) > MaxBytes {
-		return fmt.Errorf("write set is %d bytes, more than %d", len(data), MaxBytes)
+		return nil, fmt.Errorf("write set is %d bytes, more than %d", len(data), MaxBytes)
 	}
 	if len(data) < fixedLen+8+sha256.Size {
-		return fmt.Errorf("write set is %d bytes, too short", len(data))
+		return nil, fmt.Errorf("write set is %d bytes, too short", len(data))
 	}
 	if !Complete(data) {
-		return errors.New("not a write set (bad magic)")
+		return nil, errors.New("not a write set (bad magic)")
 	}
 	body, sum := data[:len(data)-sha256.Size], data[len(data)-sha256.Size:]
 	if got := sha256.Sum256(body); !bytes.Equal(got[:], sum) {
-		return errors.New("write set checksum mismatch (truncated or modified)")
+		return nil, errors.New("write set checksum mismatch (truncated or modified)")
 	}
 	le := binary.LittleEndian
 	if v := le.Uint32(body[8:]); v != Version {
-		return fmt.Errorf("write set version %d, want %d", v, Version)
+		return nil, fmt.Errorf("write set version %d, want %d", v, Version)
 	}
 	if le.Uint32(body[12:]) != 0 || le.Uint32(body[28:]) != 0 {
-		return errors.New("write set has non-zero reserved fields")
+		return nil, errors.New("write set has non-zero reserved fields")
 	}
 	if l := le.Uint64(body[16:]); l != length {
-		return fmt.Errorf("write set is for a base of %d bytes, this base has %d", l, length)
+		return nil, fmt.Errorf("write set is for a base of %d bytes, this base has %d", l, length)
 	}
 	idLen := uint64(le.Uint32(body[24:]))
 	if uint64(len(body)) < fixedLen+idLen+8 || !bytes.Equal(body[fixedLen:fixedLen+idLen], id) {
-		return fmt.Errorf("write set is not for base %x", id)
+		return nil, fmt.Errorf("write set is not for base %x", id)
 	}
 	ranges := body[fixedLen+idLen+8:]
 	if count := le.Uint64(body[fixedLen+idLen:]); count > uint64(len(ranges))/16 || uint64(len(ranges)) != count*16 {
-		return fmt.Errorf("write set claims %d ranges in %d bytes", count, len(ranges))
+		return nil, fmt.Errorf("write set claims %d ranges in %d bytes", count, len(ranges))
 	}
+	out := make([][2]uint64, 0, len(ranges)/16)
 	var prevEnd uint64
 	for i := 0; i < len(ranges); i += 16 {
 		start, end := le.Uint64(ranges[i:]), le.Uint64(ranges[i+8:])
 		switch {
 		case start%pageSize != 0 || end%pageSize != 0:
-			return fmt.Errorf("write set range [%#x, %#x) is not page-aligned", start, end)
+			return nil, fmt.Errorf("write set range [%#x, %#x) is not page-aligned", start, end)
 		case start >= end:
-			return fmt.Errorf("write set range [%#x, %#x) is empty or inverted", start, end)
+			return nil, fmt.Errorf("write set range [%#x, %#x) is empty or inverted", start, end)
 		case end > length:
-			return fmt.Errorf("write set range [%#x, %#x) extends past the base (%d bytes)", start, end, length)
+			return nil, fmt.Errorf("write set range [%#x, %#x) extends past the base (%d bytes)", start, end, length)
 		case i > 0 && start <= prevEnd:
-			return fmt.Errorf("write set range [%#x, %#x) is not after the previous one and separate from it", start, end)
+			return nil, fmt.Errorf("write set range [%#x, %#x) is not after the previous one and separate from it", start, end)
 		}
 		prevEnd = end
+		out = append(out, [2]uint64{start, end})
 	}
-	return nil
+	return out, nil
 }

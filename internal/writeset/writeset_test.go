@@ -64,3 +64,21 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+func TestRangesRoundTrip(t *testing.T) {
+	const length = 1 << 30
+	id := bytes.Repeat([]byte{0xcd}, 32)
+	want := [][2]uint64{{0, 4096}, {8192, 3 << 20}, {length - 4096, length}}
+	got, err := Ranges(Encode(length, id, want), length, id)
+	if err != nil || len(got) != len(want) {
+		t.Fatalf("Ranges = %v, %v; want %v", got, err, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("range %d = %v, want %v", i, got[i], want[i])
+		}
+	}
+	if got, err := Ranges(Encode(length, id, want), length, make([]byte, 32)); err == nil || got != nil {
+		t.Errorf("Ranges of another base's set = %v, %v; want nil and an error", got, err)
+	}
+}
