@@ -118,6 +118,9 @@ func pull(ctx context.Context, w io.Writer, ref, imageDir string, store ociartif
 	if res.WriteSet != "" {
 		fmt.Fprintf(w, "base write set: %s\n", res.WriteSet)
 	}
+	if res.WriteSetBlocks != "" {
+		fmt.Fprintf(w, "base write set's blocks, through the lazy fetcher: %s\n", res.WriteSetBlocks)
+	}
 	fmt.Fprintf(w, "fetched %d bytes\n", res.BytesFetched)
 	return nil
 }

@@ -720,3 +720,62 @@ func TestServeNoPrefetchAroundWriteSetBlocks(t *testing.T) {
 		}
 	}
 }
+
+func TestFetchWriteSetBlocks(t *testing.T) {
+	_, m, reg, root := registeredBase(t)
+	hexRoot := m.Digest[len("sha256:"):]
+	id, err := hex.DecodeString(hexRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// Before the fetcher serves the store: a clear error.
+	if _, _, err := FetchWriteSetBlocks(ctx, root, hexRoot); err == nil || !strings.Contains(err.Error(), "is lazyd running") {
+		t.Errorf("FetchWriteSetBlocks without a fetcher = %v, want an error asking whether lazyd runs", err)
+	}
+	serve(t, root, reg)
+	// Without a write set: an error naming the file.
+	if _, _, err := FetchWriteSetBlocks(ctx, root, hexRoot); err == nil || !strings.Contains(err.Error(), "base.writeset does not exist") {
+		t.Errorf("FetchWriteSetBlocks without a write set = %v, want an error naming base.writeset", err)
+	}
+	// Ranges in blocks 1 (two ranges), 4 and the short last block 5.
+	const bs = blockmanifest.BlockSize
+	ws := writeset.Encode(m.Length, id, [][2]uint64{{bs, bs + 4096}, {bs + 8192, 2 * bs}, {4*bs + 4096, 4*bs + 8192}, {5 * bs, 5*bs + 4096}})
+	if ok, err := AddWriteSet(root, hexRoot, ws); !ok || err != nil {
+		t.Fatalf("AddWriteSet = %v, %v", ok, err)
+	}
+	n, size, err := FetchWriteSetBlocks(ctx, root, hexRoot)
+	if want := int64(2*bs + (m.Length - 5*bs)); n != 3 || size != want || err != nil {
+		t.Fatalf("FetchWriteSetBlocks = %d blocks, %d bytes, %v; want 3, %d, nil", n, size, err, want)
+	}
+	// Only those blocks were fetched (no neighbours: they are the write
+	// set's), once each.
+	fetches, err := Fetches(root, hexRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range m.Blocks {
+		want := 0
+		if i == 1 || i == 4 || i == 5 {
+			want = 1
+		}
+		if got := fetchesOf(fetches, i); got != want {
+			t.Errorf("block %d fetched %d times, want %d (fetch log %v)", i, got, want, fetches)
+		}
+	}
+}
+
+func TestFetchWriteSetBlocksRefusesAnotherBasesSet(t *testing.T) {
+	_, m, reg, root := registeredBase(t)
+	hexRoot := m.Digest[len("sha256:"):]
+	serve(t, root, reg)
+	if ok, err := AddWriteSet(root, hexRoot, writeset.Encode(m.Length, make([]byte, 32), [][2]uint64{{0, 4096}})); !ok || err != nil {
+		t.Fatalf("AddWriteSet = %v, %v", ok, err)
+	}
+	if _, _, err := FetchWriteSetBlocks(context.Background(), root, hexRoot); err == nil || !strings.Contains(err.Error(), "not for base") {
+		t.Errorf("FetchWriteSetBlocks of another base's set = %v, want an error saying it is not for this base", err)
+	}
+	if fs, _ := Fetches(root, hexRoot); len(fs) != 0 {
+		t.Errorf("%d blocks fetched for a set that is not this base's", len(fs))
+	}
+}

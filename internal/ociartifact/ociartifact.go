@@ -544,6 +544,13 @@ type PullResult struct {
 	// write set only decides what restores copy eagerly, so none of these
 	// fails the pull.
 	WriteSet string
+	// WriteSetBlocks says, for a lazy pull (Options.Lazy) of a base whose
+	// write set the node's fetcher serves, whether the blocks that the set
+	// touches were fetched through the fetcher before the pull returned
+	// (lazybase.FetchWriteSetBlocks): "N blocks (M bytes) fetched", or
+	// "not fetched: ..." with the reason, which does not fail the pull (a
+	// restore then fetches them itself). "" otherwise.
+	WriteSetBlocks string
 }
 
 // Pull fetches the checkpoint ref into imageDir, which must not exist, and
@@ -708,6 +715,15 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	}
 	if writeSetData != nil {
 		res.WriteSet = installWriteSet(store, d, res.BaseLazy, writeSetData)
+	}
+	if res.BaseLazy && writeSetData != nil {
+		// Every restore copies these pages first: fetch them now rather
+		// than while a restore starts its sandbox.
+		if n, size, err := lazybase.FetchWriteSetBlocks(ctx, store.Root, d.SHA256); err != nil {
+			res.WriteSetBlocks = "not fetched: " + err.Error()
+		} else {
+			res.WriteSetBlocks = fmt.Sprintf("%d blocks (%d bytes) fetched", n, size)
+		}
 	}
 	return res, nil
 }

@@ -1,15 +1,20 @@
 package e2e
 
 import (
+	"encoding/hex"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/lazybase"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
+	"github.com/forkvisor/forkvisor/internal/writeset"
 )
 
 // TestRegistryLazyRestore parks a sandbox on "node A", pushes it to a real
@@ -62,15 +67,27 @@ func TestRegistryLazyRestore(t *testing.T) {
 	if _, err := os.Stat(nodeB.StoredBase(hex)); err == nil {
 		t.Errorf("a lazy pull stored the base")
 	}
-	if fs, _ := lazybase.Fetches(store, hex); len(fs) != 0 {
-		t.Errorf("a lazy pull fetched %d base blocks", len(fs))
-	}
 	if got, err := os.ReadFile(filepath.Join(filepath.Dir(lazybase.Path(store, hex)), "base.writeset")); err != nil || string(got) != string(wantWriteSet) {
 		t.Errorf("the lazy fetcher serves a write set of %d bytes (%v), want node A's %d bytes", len(got), err, len(wantWriteSet))
 	}
 
 	// The block manifest, from node A's copy of the base.
 	bm := manifestOf(t, p.r.StoredBase(hex))
+
+	// The pull fetched, through the lazy fetcher, exactly the blocks that
+	// the write set touches (every restore copies those first), and no
+	// others.
+	wsBlocks := writeSetBlocks(t, wantWriteSet, bm.Length, hex)
+	if want := fmt.Sprintf("base write set's blocks, through the lazy fetcher: %d blocks (", len(wsBlocks)); !strings.Contains(out, want) {
+		t.Errorf("pull --lazy should say %q:\n%s", want, out)
+	}
+	pulled := map[int]bool{}
+	for _, f := range mustFetches(t, store, hex) {
+		pulled[f.Block] = true
+	}
+	if !maps.Equal(pulled, wsBlocks) {
+		t.Errorf("a lazy pull fetched blocks %v, want the write set's %v", slices.Sorted(maps.Keys(pulled)), slices.Sorted(maps.Keys(wsBlocks)))
+	}
 	var nonZero int64
 	for i := range bm.Blocks {
 		if !bm.Zero(i) {
@@ -235,4 +252,26 @@ func readFile(t *testing.T, path string) string {
 	t.Helper()
 	b, _ := os.ReadFile(path)
 	return string(b)
+}
+
+// writeSetBlocks returns the 2 MiB blocks of the base (length bytes, root
+// hexRoot) that the write set ws touches.
+func writeSetBlocks(t *testing.T, ws []byte, length uint64, hexRoot string) map[int]bool {
+	t.Helper()
+	id, err := hex.DecodeString(hexRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranges, err := writeset.Ranges(ws, length, id)
+	if err != nil {
+		t.Fatalf("node A's write set: %v", err)
+	}
+	const bs = 2 << 20
+	blocks := map[int]bool{}
+	for _, r := range ranges {
+		for i := r[0] / bs; i < (r[1]+bs-1)/bs; i++ {
+			blocks[int(i)] = true
+		}
+	}
+	return blocks
 }
