@@ -462,13 +462,20 @@ func TestFilestoreSnapshotDirWithoutReflink(t *testing.T) {
 // existed, absent if not.
 func (e *layerEnv) parkFails(t *testing.T, id, snap string, want ...string) {
 	t.Helper()
+	var extra []string
+	if id == "leave-running" {
+		extra = []string{"--leave-running"}
+	}
+	e.parkFailsFlags(t, id, snap, extra, want...)
+}
+
+// parkFailsFlags is parkFails with the checkpoint's extra flags given.
+func (e *layerEnv) parkFailsFlags(t *testing.T, id, snap string, extra []string, want ...string) {
+	t.Helper()
 	image := filepath.Join(t.TempDir(), "image")
 	_, err := os.Stat(snap)
 	snapExisted := err == nil
-	flags := []string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}
-	if id == "leave-running" {
-		flags = append(flags, "--leave-running")
-	}
+	flags := append([]string{"--skip-filestore-pages", "--filestore-snapshot-dir=" + snap}, extra...)
 	err = e.r.Checkpoint(id, image, flags...)
 	if err == nil {
 		t.Fatalf("%s: checkpoint into %s succeeded", id, snap)
@@ -731,4 +738,43 @@ func TestFilestoreWithSharedBase(t *testing.T) {
 		}
 		fullCheck(t, out, 32)
 	}
+}
+
+// TestFilestoreParkRefusesOtherContainersLayers parks the root container of
+// a sandbox that holds a second container with a writable layer of its own:
+// runsc passes snapshot files for the root container's filestores only, so
+// the checkpoint must be refused before the pause, with a message that says
+// why, leaving no artifacts and both containers running.
+func TestFilestoreParkRefusesOtherContainersLayers(t *testing.T) {
+	e := newLayerEnv(t, 16)
+	const pod = "pod"
+	cri := func(kind string) map[string]string {
+		return map[string]string{"io.kubernetes.cri.container-type": kind, "io.kubernetes.cri.sandbox-id": pod}
+	}
+	if err := sandbox.Annotate(e.bundle, cri("sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	podOut := e.start(t, pod)
+	app := filepath.Join(e.dir, "app-bundle")
+	if err := sandbox.NewBundle(app, tickBin, "-mib", "16", "-interval", "50ms", "-file", "/layer.bin", "-file-mib", "16"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sandbox.Annotate(app, cri("container")); err != nil {
+		t.Fatal(err)
+	}
+	appOut := filepath.Join(e.dir, "app.out")
+	if _, err := e.r.RunUntilTick(app, "app", appOut, 2, func(tk sandbox.Tick) bool { return tk.File == "ok" }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.r.Destroy("app") })
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{{"plain", nil}, {"leave-running", []string{"--leave-running"}}} {
+		e.parkFailsFlags(t, pod, filepath.Join(e.dir, tc.name+"-snap"), tc.extra, "the sandbox has 2 filestores but the checkpoint passed 1 snapshot files", "other containers of the sandbox are not supported")
+	}
+	// Refused before the pause: both containers run on, heap and layer
+	// intact.
+	fullCheck(t, podOut, 16)
+	fullCheck(t, appOut, 16)
 }
