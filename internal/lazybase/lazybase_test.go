@@ -665,16 +665,24 @@ func TestServeBoundsFetchesInFlight(t *testing.T) {
 	t.Logf("%d fetches in flight at most for %d concurrent readers", most.Load(), blocks)
 }
 
-// TestServeNoPrefetchAroundWriteSetBlocks checks that a miss of a block that
-// the served write set touches (runsc asks for all of those at once) does
-// not prefetch its neighbours, while a miss of any other block does.
-func TestServeNoPrefetchAroundWriteSetBlocks(t *testing.T) {
+// registeredBaseWithID is registeredBase with the base's root in hex and as
+// bytes (a write set's base ID).
+func registeredBaseWithID(t *testing.T) (*blockmanifest.Manifest, *fakeRegistry, string, string, []byte) {
+	t.Helper()
 	_, m, reg, root := registeredBase(t)
 	hexRoot := m.Digest[len("sha256:"):]
 	id, err := hex.DecodeString(hexRoot)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m, reg, root, hexRoot, id
+}
+
+// TestServeNoPrefetchAroundWriteSetBlocks checks that a miss of a block that
+// the served write set touches (runsc asks for all of those at once) does
+// not prefetch its neighbours, while a miss of any other block does.
+func TestServeNoPrefetchAroundWriteSetBlocks(t *testing.T) {
+	m, reg, root, hexRoot, id := registeredBaseWithID(t)
 	const bs = blockmanifest.BlockSize
 	ws := writeset.Encode(m.Length, id, [][2]uint64{{4*bs + 4096, 4*bs + 3*4096}})
 	if ok, err := AddWriteSet(root, hexRoot, ws); !ok || err != nil {
@@ -722,12 +730,7 @@ func TestServeNoPrefetchAroundWriteSetBlocks(t *testing.T) {
 }
 
 func TestFetchWriteSetBlocks(t *testing.T) {
-	_, m, reg, root := registeredBase(t)
-	hexRoot := m.Digest[len("sha256:"):]
-	id, err := hex.DecodeString(hexRoot)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, reg, root, hexRoot, id := registeredBaseWithID(t)
 	ctx := context.Background()
 	// Before the fetcher serves the store: a clear error.
 	if _, _, err := FetchWriteSetBlocks(ctx, root, hexRoot); err == nil || !strings.Contains(err.Error(), "is lazyd running") {
