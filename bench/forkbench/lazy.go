@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -162,14 +160,6 @@ func lazyRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB in
 	pullOut = ociTool(nodeB, "--lazy", "pull", ref, filepath.Join(dir, "b", "image"))
 	lazy.PullMs = ms(time.Since(start))
 	lazy.PullBytes = bytesIn(pullOut, "fetched")
-	// The pull also has lazyd fetch the blocks of the write set that came
-	// with the checkpoint (what every restore copies first).
-	if m := regexp.MustCompile(`through the lazy fetcher: \d+ blocks \((\d+) bytes\) fetched`).FindStringSubmatch(pullOut); m != nil {
-		n, _ := strconv.ParseInt(m[1], 10, 64)
-		lazy.PullBytes += n
-	} else {
-		fatalf("lazy: the pull did not fetch the write set's blocks through lazyd:\n%s", pullOut)
-	}
 	hex := strings.TrimPrefix(digestIn(pullOut), "sha256:")
 	fetched := func() int64 {
 		fs, err := lazybase.Fetches(nodeB.StorePath(), hex)
@@ -180,6 +170,12 @@ func lazyRun(dir string, rt runtimeConfig, reg *ociregistry.Registry, heapMiB in
 		}
 		return n
 	}
+	// The pull also had lazyd fetch the blocks of the write set that came
+	// with the checkpoint (what every restore copies first).
+	if !strings.Contains(pullOut, "through the lazy fetcher:") || strings.Contains(pullOut, "not fetched") {
+		fatalf("lazy: the pull did not have lazyd fetch the write set's blocks:\n%s", pullOut)
+	}
+	lazy.PullBytes += fetched()
 	restore(nodeB, filepath.Join(dir, "b", "image"), "lazy", fetched, &lazy)
 	out = append(out, lazy)
 	if logs := runtimeLogDir("lazy-b", rt); logs != "" {

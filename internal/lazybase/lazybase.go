@@ -17,7 +17,10 @@
 // starts): base.img is read-only here. A checkpoint pulled from a node that
 // had learned one carries it (AddWriteSet), and runsc applies it after
 // checking it against the base; the fetcher serves the first one recorded,
-// also when it arrives after the fetcher started serving the base.
+// also when it arrives after the fetcher started serving the base. The pull
+// then has the fetcher fetch the set's blocks (FetchWriteSetBlocks), since
+// every restore copies them first, and the fetcher prefetches no
+// neighbours around them (prefetchRange).
 //
 // A read of base.img first makes sure that every 2 MiB block it overlaps is
 // present in the node's cache file (blocks): a block that is not is fetched
@@ -521,11 +524,9 @@ func (b *base) noteWriteSet(data []byte) {
 	if err != nil {
 		return // served all the same; runsc refuses it with the reason
 	}
-	advised := make([]bool, len(b.present))
-	for _, r := range ranges {
-		for i := r[0] / blockmanifest.BlockSize; i < (r[1]+blockmanifest.BlockSize-1)/blockmanifest.BlockSize; i++ {
-			advised[i] = true
-		}
+	advised := make([]bool, len(b.m.Blocks))
+	for _, i := range writeset.Blocks(ranges, blockmanifest.BlockSize) {
+		advised[i] = true
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -566,19 +567,14 @@ func (b *base) readAt(dest []byte, off int64) (int, error) {
 }
 
 // prefetchAfter starts fetching, in the background, the blocks that a reader
-// that just missed block i is likely to touch next (prefetchRange), unless
-// block i is one that runsc asked for as part of a write set (advised).
+// that just missed block i is likely to touch next (prefetchRange).
 // Neighbours are fetched concurrently with the reader's own accesses, so a
 // jump costs about one registry round trip instead of one per block.
 // Readers of those blocks wait for the fetch in flight rather than start
 // another.
 func (b *base) prefetchAfter(i int) {
 	b.mu.Lock()
-	if b.advised != nil && b.advised[i] {
-		b.mu.Unlock()
-		return
-	}
-	from, to := prefetchRange(i, len(b.present), func(j int) bool { return b.present[j] })
+	from, to := prefetchRange(i, len(b.present), func(j int) bool { return b.present[j] }, func(j int) bool { return b.advised != nil && b.advised[j] })
 	b.mu.Unlock()
 	for j := max(from, 0); j <= to && j < len(b.m.Blocks); j++ {
 		if j == i || b.m.Zero(j) {
@@ -619,9 +615,14 @@ func (b *base) prefetchAfter(i int) {
 // touches its stacks and the top of its heap from high addresses down), the
 // prefetchBlocks blocks before i; else, having jumped to block i, its two
 // neighbours (stacks, heap arenas and text span adjacent blocks, and are
-// touched out of order). Blocks in the range that are present are skipped
-// by the caller.
-func prefetchRange(i, n int, present func(int) bool) (from, to int) {
+// touched out of order). Nothing (from > to) after a miss of a block of the
+// served write set (advised): runsc asks for all of those at once, so such a
+// miss says nothing about where a reader goes next. Blocks in the range
+// that are present are skipped by the caller.
+func prefetchRange(i, n int, present, advised func(int) bool) (from, to int) {
+	if advised(i) {
+		return i + 1, i
+	}
 	below := i > 0 && present(i-1)
 	above := i+1 < n && present(i+1)
 	switch {

@@ -299,6 +299,7 @@ func TestPrefetchRange(t *testing.T) {
 		name     string
 		i, n     int
 		present  []int
+		advised  []int // blocks of the served write set
 		from, to int
 	}{
 		{name: "jump to the middle", i: 5, n: 10, from: 4, to: 6},
@@ -308,11 +309,14 @@ func TestPrefetchRange(t *testing.T) {
 		{name: "first block", i: 0, n: 10, from: -1, to: 1},
 		{name: "first block, going down", i: 0, n: 10, present: []int{1}, from: -prefetchBlocks, to: -1},
 		{name: "last block, going up", i: 9, n: 10, present: []int{8}, from: 10, to: 9 + prefetchBlocks},
+		{name: "a write set block", i: 5, n: 10, advised: []int{5, 6}, from: 6, to: 5},
+		{name: "a write set block, going up", i: 5, n: 10, present: []int{4}, advised: []int{4, 5}, from: 6, to: 5},
+		{name: "next to a write set block", i: 5, n: 10, present: []int{4}, advised: []int{4}, from: 6, to: 5 + prefetchBlocks},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			from, to := prefetchRange(tc.i, tc.n, func(j int) bool { return slices.Contains(tc.present, j) })
+			from, to := prefetchRange(tc.i, tc.n, func(j int) bool { return slices.Contains(tc.present, j) }, func(j int) bool { return slices.Contains(tc.advised, j) })
 			if from != tc.from || to != tc.to {
-				t.Errorf("prefetchRange(%d, %d, present %v) = [%d, %d], want [%d, %d]", tc.i, tc.n, tc.present, from, to, tc.from, tc.to)
+				t.Errorf("prefetchRange(%d, %d, present %v, advised %v) = [%d, %d], want [%d, %d]", tc.i, tc.n, tc.present, tc.advised, from, to, tc.from, tc.to)
 			}
 		})
 	}
@@ -733,38 +737,52 @@ func TestFetchWriteSetBlocks(t *testing.T) {
 	m, reg, root, hexRoot, id := registeredBaseWithID(t)
 	ctx := context.Background()
 	// Before the fetcher serves the store: a clear error.
-	if _, _, err := FetchWriteSetBlocks(ctx, root, hexRoot); err == nil || !strings.Contains(err.Error(), "is lazyd running") {
+	if _, err := FetchWriteSetBlocks(ctx, root, hexRoot); err == nil || !strings.Contains(err.Error(), "is lazyd running") {
 		t.Errorf("FetchWriteSetBlocks without a fetcher = %v, want an error asking whether lazyd runs", err)
 	}
 	serve(t, root, reg)
 	// Without a write set: an error naming the file.
-	if _, _, err := FetchWriteSetBlocks(ctx, root, hexRoot); err == nil || !strings.Contains(err.Error(), "base.writeset does not exist") {
+	if _, err := FetchWriteSetBlocks(ctx, root, hexRoot); err == nil || !strings.Contains(err.Error(), "base.writeset does not exist") {
 		t.Errorf("FetchWriteSetBlocks without a write set = %v, want an error naming base.writeset", err)
 	}
-	// Ranges in blocks 1 (two ranges), 4 and the short last block 5.
+	// Ranges in block 0 (two ranges; block 1, not in the set, holds data
+	// too, so read-ahead past block 0 would fetch it), the zero block 2
+	// (never fetched), 4, and the short last block 5.
 	const bs = blockmanifest.BlockSize
-	ws := writeset.Encode(m.Length, id, [][2]uint64{{bs, bs + 4096}, {bs + 8192, 2 * bs}, {4*bs + 4096, 4*bs + 8192}, {5 * bs, 5*bs + 4096}})
+	ws := writeset.Encode(m.Length, id, [][2]uint64{{0, 4096}, {8192, 3 * 4096}, {2 * bs, 2*bs + 4096}, {4*bs + 4096, 4*bs + 8192}, {5 * bs, 5*bs + 4096}})
 	if ok, err := AddWriteSet(root, hexRoot, ws); !ok || err != nil {
 		t.Fatalf("AddWriteSet = %v, %v", ok, err)
 	}
-	n, size, err := FetchWriteSetBlocks(ctx, root, hexRoot)
-	if want := int64(2*bs + (m.Length - 5*bs)); n != 3 || size != want || err != nil {
-		t.Fatalf("FetchWriteSetBlocks = %d blocks, %d bytes, %v; want 3, %d, nil", n, size, err, want)
+	got, err := FetchWriteSetBlocks(ctx, root, hexRoot)
+	if want := (WriteSetBlocks{Read: 3, Bytes: int64(2*bs + (m.Length - 5*bs))}); got != want || err != nil {
+		t.Fatalf("FetchWriteSetBlocks = %+v, %v; want %+v, nil", got, err, want)
 	}
-	// Only those blocks were fetched (no neighbours: they are the write
-	// set's), once each.
+	// Only those blocks were fetched (no neighbours, no read-ahead), once
+	// each.
 	fetches, err := Fetches(root, hexRoot)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range m.Blocks {
 		want := 0
-		if i == 1 || i == 4 || i == 5 {
+		if i == 0 || i == 4 || i == 5 {
 			want = 1
 		}
 		if got := fetchesOf(fetches, i); got != want {
 			t.Errorf("block %d fetched %d times, want %d (fetch log %v)", i, got, want, fetches)
 		}
+	}
+}
+
+func TestFetchWriteSetBlocksFailsWithTheRegistry(t *testing.T) {
+	m, reg, root, hexRoot, id := registeredBaseWithID(t)
+	serve(t, root, reg)
+	if ok, err := AddWriteSet(root, hexRoot, writeset.Encode(m.Length, id, [][2]uint64{{4 * blockmanifest.BlockSize, 4*blockmanifest.BlockSize + 4096}})); !ok || err != nil {
+		t.Fatalf("AddWriteSet = %v, %v", ok, err)
+	}
+	reg.setDown(true)
+	if got, err := FetchWriteSetBlocks(context.Background(), root, hexRoot); err == nil || !strings.Contains(err.Error(), "reading block 4") {
+		t.Errorf("FetchWriteSetBlocks with the registry down = %+v, %v; want an error naming block 4", got, err)
 	}
 }
 
@@ -775,7 +793,7 @@ func TestFetchWriteSetBlocksRefusesAnotherBasesSet(t *testing.T) {
 	if ok, err := AddWriteSet(root, hexRoot, writeset.Encode(m.Length, make([]byte, 32), [][2]uint64{{0, 4096}})); !ok || err != nil {
 		t.Fatalf("AddWriteSet = %v, %v", ok, err)
 	}
-	if _, _, err := FetchWriteSetBlocks(context.Background(), root, hexRoot); err == nil || !strings.Contains(err.Error(), "not for base") {
+	if _, err := FetchWriteSetBlocks(context.Background(), root, hexRoot); err == nil || !strings.Contains(err.Error(), "not for base") {
 		t.Errorf("FetchWriteSetBlocks of another base's set = %v, want an error saying it is not for this base", err)
 	}
 	if fs, _ := Fetches(root, hexRoot); len(fs) != 0 {

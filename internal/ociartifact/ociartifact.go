@@ -544,12 +544,15 @@ type PullResult struct {
 	// write set only decides what restores copy eagerly, so none of these
 	// fails the pull.
 	WriteSet string
-	// WriteSetBlocks says, for a lazy pull (Options.Lazy) of a base whose
-	// write set the node's fetcher serves, whether the blocks that the set
-	// touches were fetched through the fetcher before the pull returned
-	// (lazybase.FetchWriteSetBlocks): "N blocks (M bytes) fetched", or
-	// "not fetched: ..." with the reason, which does not fail the pull (a
-	// restore then fetches them itself). "" otherwise.
+	// WriteSetBlocks says, for a lazy pull (Options.Lazy) that installed a
+	// write set or found one, whether the non-zero blocks that the set
+	// touches were read through the node's fetcher (fetched, or found
+	// verified in its cache) before the pull returned
+	// (lazybase.FetchWriteSetBlocks): "N blocks (B bytes) present", with
+	// how many were left to the restores beyond
+	// lazybase.MaxWriteSetBlocks, or "not fetched: ..." with the reason,
+	// which does not fail the pull (a restore then fetches them itself).
+	// "" otherwise.
 	WriteSetBlocks string
 }
 
@@ -713,17 +716,14 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
+	served := false
 	if writeSetData != nil {
-		res.WriteSet = installWriteSet(store, d, res.BaseLazy, writeSetData)
+		res.WriteSet, served = installWriteSet(store, d, res.BaseLazy, writeSetData)
 	}
-	if res.BaseLazy && writeSetData != nil {
+	if res.BaseLazy && served {
 		// Every restore copies these pages first: fetch them now rather
 		// than while a restore starts its sandbox.
-		if n, size, err := lazybase.FetchWriteSetBlocks(ctx, store.Root, d.SHA256); err != nil {
-			res.WriteSetBlocks = "not fetched: " + err.Error()
-		} else {
-			res.WriteSetBlocks = fmt.Sprintf("%d blocks (%d bytes) fetched", n, size)
-		}
+		res.WriteSetBlocks = fetchWriteSetBlocks(ctx, store.Root, d.SHA256)
 	}
 	return res, nil
 }
@@ -732,15 +732,16 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 // base d, the one that the node's restores of d apply, unless the node has
 // a write set file for d already (its own, one being learned, or one an
 // earlier pull installed), which is kept; it returns what it did
-// (PullResult.WriteSet). A write set is
+// (PullResult.WriteSet), and whether the node has a write set file for d
+// now (installed or kept). A write set is
 // a hint (which pages a restore copies eagerly): every failure here is
 // reported, and loses nothing that the pull promised.
-func installWriteSet(store BaseStore, d *baseDescriptor, lazy bool, data []byte) string {
+func installWriteSet(store BaseStore, d *baseDescriptor, lazy bool, data []byte) (string, bool) {
 	if d == nil {
-		return "ignored: the checkpoint has no shared base"
+		return "ignored: the checkpoint has no shared base", false
 	}
 	if err := writeset.Check(data, d.Length, d.id()); err != nil {
-		return "ignored: " + err.Error()
+		return "ignored: " + err.Error(), false
 	}
 	var (
 		installed bool
@@ -755,11 +756,26 @@ func installWriteSet(store BaseStore, d *baseDescriptor, lazy bool, data []byte)
 	}
 	switch {
 	case err != nil:
-		return "not installed: " + err.Error()
+		return "not installed: " + err.Error(), false
 	case installed:
-		return "installed"
+		return "installed", true
 	default:
-		return "kept: the node has one for this base"
+		return "kept: the node has one for this base", true
+	}
+}
+
+// fetchWriteSetBlocks has the node's lazy fetcher fetch the blocks of the
+// write set it serves for base hex (lazybase.FetchWriteSetBlocks) and
+// returns what it did (PullResult.WriteSetBlocks).
+func fetchWriteSetBlocks(ctx context.Context, root, hex string) string {
+	got, err := lazybase.FetchWriteSetBlocks(ctx, root, hex)
+	switch {
+	case err != nil:
+		return "not fetched: " + err.Error()
+	case got.Left > 0:
+		return fmt.Sprintf("%d blocks (%d bytes) present, %d more left to the restores (at most %d blocks here)", got.Read, got.Bytes, got.Left, lazybase.MaxWriteSetBlocks)
+	default:
+		return fmt.Sprintf("%d blocks (%d bytes) present", got.Read, got.Bytes)
 	}
 }
 

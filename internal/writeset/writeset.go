@@ -133,3 +133,18 @@ func Ranges(data []byte, length uint64, id []byte) ([][2]uint64, error) {
 	}
 	return out, nil
 }
+
+// Blocks returns the indices of the blockSize blocks of the base that
+// ranges (as Ranges returns them: ascending and separate) overlap,
+// ascending, each once.
+func Blocks(ranges [][2]uint64, blockSize uint64) []uint64 {
+	var blocks []uint64
+	for _, r := range ranges {
+		for i := r[0] / blockSize; i < (r[1]+blockSize-1)/blockSize; i++ {
+			if len(blocks) == 0 || blocks[len(blocks)-1] < i {
+				blocks = append(blocks, i)
+			}
+		}
+	}
+	return blocks
+}

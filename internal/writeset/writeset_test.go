@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -80,5 +81,25 @@ func TestRangesRoundTrip(t *testing.T) {
 	}
 	if got, err := Ranges(Encode(length, id, want), length, make([]byte, 32)); err == nil || got != nil {
 		t.Errorf("Ranges of another base's set = %v, %v; want nil and an error", got, err)
+	}
+}
+
+func TestBlocks(t *testing.T) {
+	const bs = 2 << 20
+	for _, tc := range []struct {
+		name   string
+		ranges [][2]uint64
+		want   []uint64
+	}{
+		{"none", nil, nil},
+		{"one page", [][2]uint64{{bs + 4096, bs + 8192}}, []uint64{1}},
+		{"two ranges in one block", [][2]uint64{{0, 4096}, {8192, 12288}}, []uint64{0}},
+		{"across a boundary", [][2]uint64{{bs - 4096, bs + 4096}}, []uint64{0, 1}},
+		{"a whole block", [][2]uint64{{2 * bs, 3 * bs}}, []uint64{2}},
+		{"ending in the next block's first page and starting there", [][2]uint64{{bs - 4096, bs + 4096}, {bs + 8192, bs + 12288}, {5 * bs, 5*bs + 4096}}, []uint64{0, 1, 5}},
+	} {
+		if got := Blocks(tc.ranges, bs); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Blocks(%v) = %v, want %v", tc.name, tc.ranges, got, tc.want)
+		}
 	}
 }

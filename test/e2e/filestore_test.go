@@ -763,10 +763,10 @@ func TestFilestoreParkRefusesOtherContainersLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	appOut := filepath.Join(e.dir, "app.out")
+	t.Cleanup(func() { e.r.Destroy("app") })
 	if _, err := e.r.RunUntilTick(app, "app", appOut, 2, func(tk sandbox.Tick) bool { return tk.File == "ok" }); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.r.Destroy("app") })
 	for _, tc := range []struct {
 		name  string
 		extra []string
