@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
@@ -38,8 +39,9 @@ type WriteSetBlocks struct {
 }
 
 // FetchWriteSetBlocks reads, through the running fetcher's mount in the
-// store at root, the non-zero blocks of base hexRoot that the write set
-// served beside it touches (the first MaxWriteSetBlocks of them).
+// store at root, the non-zero blocks of the base with block manifest m (as
+// registered) that the write set served beside it touches (the first
+// MaxWriteSetBlocks of them).
 //
 // Every restore of a base copies its write set's pages first, while runsc
 // starts the sandbox; on a lazy node the fetcher would fetch and hash those
@@ -50,23 +52,13 @@ type WriteSetBlocks struct {
 // once per node. It fails if the fetcher does not serve the base or its
 // write set, or a block cannot be read; the pull reports that and goes on
 // (a restore then fetches the blocks itself).
-func FetchWriteSetBlocks(ctx context.Context, root, hexRoot string) (WriteSetBlocks, error) {
+func FetchWriteSetBlocks(ctx context.Context, root string, m *blockmanifest.Manifest) (WriteSetBlocks, error) {
 	var res WriteSetBlocks
+	hexRoot := strings.TrimPrefix(m.Digest, "sha256:")
 	if !hexDigest.MatchString(hexRoot) {
-		return res, fmt.Errorf("%q is not a sha256 hex digest", hexRoot)
+		return res, fmt.Errorf("%q is not a sha256 digest", m.Digest)
 	}
 	id, _ := hex.DecodeString(hexRoot)
-	// The manifest that Register validated against the root, for the zero
-	// blocks.
-	mPath := filepath.Join(root, CacheDir, hexRoot, manifestName)
-	mData, err := os.ReadFile(mPath)
-	if err != nil {
-		return res, err
-	}
-	m, err := blockmanifest.Decode(mData)
-	if err != nil {
-		return res, fmt.Errorf("%s: %w", mPath, err)
-	}
 	f, err := os.Open(Path(root, hexRoot))
 	if errors.Is(err, os.ErrNotExist) {
 		return res, fmt.Errorf("the lazy fetcher does not serve the base (is lazyd running on %s?): %w", filepath.Join(root, MountDir), err)

@@ -737,23 +737,23 @@ func TestFetchWriteSetBlocks(t *testing.T) {
 	m, reg, root, hexRoot, id := registeredBaseWithID(t)
 	ctx := context.Background()
 	// Before the fetcher serves the store: a clear error.
-	if _, err := FetchWriteSetBlocks(ctx, root, hexRoot); err == nil || !strings.Contains(err.Error(), "is lazyd running") {
+	if _, err := FetchWriteSetBlocks(ctx, root, m); err == nil || !strings.Contains(err.Error(), "is lazyd running") {
 		t.Errorf("FetchWriteSetBlocks without a fetcher = %v, want an error asking whether lazyd runs", err)
 	}
 	serve(t, root, reg)
 	// Without a write set: an error naming the file.
-	if _, err := FetchWriteSetBlocks(ctx, root, hexRoot); err == nil || !strings.Contains(err.Error(), "base.writeset does not exist") {
+	if _, err := FetchWriteSetBlocks(ctx, root, m); err == nil || !strings.Contains(err.Error(), "base.writeset does not exist") {
 		t.Errorf("FetchWriteSetBlocks without a write set = %v, want an error naming base.writeset", err)
 	}
 	// Ranges in block 0 (two ranges; block 1, not in the set, holds data
-	// too, so read-ahead past block 0 would fetch it), the zero block 2
-	// (never fetched), 4, and the short last block 5.
+	// too: a neighbour prefetch or a read-ahead past block 0 would fetch
+	// it), the zero block 2 (never fetched), 4, and the short last block 5.
 	const bs = blockmanifest.BlockSize
 	ws := writeset.Encode(m.Length, id, [][2]uint64{{0, 4096}, {8192, 3 * 4096}, {2 * bs, 2*bs + 4096}, {4*bs + 4096, 4*bs + 8192}, {5 * bs, 5*bs + 4096}})
 	if ok, err := AddWriteSet(root, hexRoot, ws); !ok || err != nil {
 		t.Fatalf("AddWriteSet = %v, %v", ok, err)
 	}
-	got, err := FetchWriteSetBlocks(ctx, root, hexRoot)
+	got, err := FetchWriteSetBlocks(ctx, root, m)
 	if want := (WriteSetBlocks{Read: 3, Bytes: int64(2*bs + (m.Length - 5*bs))}); got != want || err != nil {
 		t.Fatalf("FetchWriteSetBlocks = %+v, %v; want %+v, nil", got, err, want)
 	}
@@ -781,7 +781,7 @@ func TestFetchWriteSetBlocksFailsWithTheRegistry(t *testing.T) {
 		t.Fatalf("AddWriteSet = %v, %v", ok, err)
 	}
 	reg.setDown(true)
-	if got, err := FetchWriteSetBlocks(context.Background(), root, hexRoot); err == nil || !strings.Contains(err.Error(), "reading block 4") {
+	if got, err := FetchWriteSetBlocks(context.Background(), root, m); err == nil || !strings.Contains(err.Error(), "reading block 4") {
 		t.Errorf("FetchWriteSetBlocks with the registry down = %+v, %v; want an error naming block 4", got, err)
 	}
 }
@@ -793,7 +793,7 @@ func TestFetchWriteSetBlocksRefusesAnotherBasesSet(t *testing.T) {
 	if ok, err := AddWriteSet(root, hexRoot, writeset.Encode(m.Length, make([]byte, 32), [][2]uint64{{0, 4096}})); !ok || err != nil {
 		t.Fatalf("AddWriteSet = %v, %v", ok, err)
 	}
-	if _, err := FetchWriteSetBlocks(context.Background(), root, hexRoot); err == nil || !strings.Contains(err.Error(), "not for base") {
+	if _, err := FetchWriteSetBlocks(context.Background(), root, m); err == nil || !strings.Contains(err.Error(), "not for base") {
 		t.Errorf("FetchWriteSetBlocks of another base's set = %v, want an error saying it is not for this base", err)
 	}
 	if fs, _ := Fetches(root, hexRoot); len(fs) != 0 {

@@ -674,6 +674,7 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	}
 	res.BytesFetched += fetched.Load()
 	d, _, err := readBaseDescriptor(filepath.Join(tmp, baseDescriptorName))
+	var m *blockmanifest.Manifest // the base's block manifest, if it has a base
 	switch {
 	case errors.Is(err, os.ErrNotExist) && man.Subject == nil && res.BaseDigest == "":
 		d = nil // A checkpoint without a shared base.
@@ -684,7 +685,8 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	case man.Subject == nil || res.BaseDigest != "sha256:"+d.SHA256:
 		return nil, fmt.Errorf("%s: the checkpoint's %s needs base sha256:%s, the manifest names %q", ref, baseDescriptorName, d.SHA256, res.BaseDigest)
 	default:
-		m, layers, err := fetchBlockManifest(ctx, repo, ref, *man.Subject, baseMan, d)
+		var layers []ocispec.Descriptor
+		m, layers, err = fetchBlockManifest(ctx, repo, ref, *man.Subject, baseMan, d)
 		if err != nil {
 			return nil, err
 		}
@@ -723,7 +725,7 @@ func Pull(ctx context.Context, ref, imageDir string, store BaseStore, opts Optio
 	if res.BaseLazy && served {
 		// Every restore copies these pages first: fetch them now rather
 		// than while a restore starts its sandbox.
-		res.WriteSetBlocks = fetchWriteSetBlocks(ctx, store.Root, d.SHA256)
+		res.WriteSetBlocks = fetchWriteSetBlocks(ctx, store.Root, m)
 	}
 	return res, nil
 }
@@ -765,10 +767,11 @@ func installWriteSet(store BaseStore, d *baseDescriptor, lazy bool, data []byte)
 }
 
 // fetchWriteSetBlocks has the node's lazy fetcher fetch the blocks of the
-// write set it serves for base hex (lazybase.FetchWriteSetBlocks) and
-// returns what it did (PullResult.WriteSetBlocks).
-func fetchWriteSetBlocks(ctx context.Context, root, hex string) string {
-	got, err := lazybase.FetchWriteSetBlocks(ctx, root, hex)
+// write set it serves for the base with block manifest m
+// (lazybase.FetchWriteSetBlocks) and returns what it did
+// (PullResult.WriteSetBlocks).
+func fetchWriteSetBlocks(ctx context.Context, root string, m *blockmanifest.Manifest) string {
+	got, err := lazybase.FetchWriteSetBlocks(ctx, root, m)
 	switch {
 	case err != nil:
 		return "not fetched: " + err.Error()
