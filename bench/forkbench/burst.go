@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,51 +15,74 @@ import (
 // started at the same instant, as an agent platform does when a queue drains
 // or a task fans out.
 type BurstResult struct {
-	Runtime string `json:"runtime"`
-	// Prestarted is true if each restore went into a sandbox created
-	// beforehand (`runsc create`, not timed), as from a pool of n.
-	Prestarted bool    `json:"pool"`
-	HeapMiB    int     `json:"heap_mib"`
-	Restores   int     `json:"restores"`
-	WallMs     float64 `json:"wall_ms"` // first start → last first tick
-	// RestoreMs is each restore's start → first tick.
+	Runtime  string    `json:"runtime"`
+	Mode     burstMode `json:"mode"`
+	HeapMiB  int       `json:"heap_mib"`
+	Restores int       `json:"restores"`
+	WallMs   float64   `json:"wall_ms"` // first start → last first tick
+	// RestoreMs is each restore's (or resume's) start → first tick.
 	RestoreMs    []float64 `json:"restore_ms"`
 	RestoreP50Ms float64   `json:"restore_p50_ms"`
 	RestoreMaxMs float64   `json:"restore_max_ms"`
 	// CPUMs is each restore's sentry CPU time at its first tick; for a
-	// sandbox created beforehand, less what it had used once created.
+	// sandbox created or restored beforehand, less what it had used by
+	// then.
 	CPUMs       []float64 `json:"cpu_ms"`
 	CPUP50Ms    float64   `json:"cpu_p50_ms"`
 	TotalPssMiB float64   `json:"total_pss_mib"` // once every clone read its heap
+	// PoolPssMiB is the total Pss of the n sandboxes while they wait for
+	// the burst (0 for plain restores, which have none).
+	PoolPssMiB float64 `json:"pool_pss_mib"`
 }
+
+// burstMode says what exists of a burst's sandboxes before it starts.
+type burstMode string
+
+const (
+	// burstPlain: nothing; each `runsc restore` creates its sandbox.
+	burstPlain burstMode = "plain"
+	// burstPrestarted: n sandboxes created beforehand (`runsc create`),
+	// as an orchestrator's pool of that size holds them; the burst
+	// restores the image into them.
+	burstPrestarted burstMode = "prestarted"
+	// burstPrerestored: n clones of the image restored beforehand with
+	// `runsc restore --paused` (forkvisor only: upstream cannot restore
+	// without running the tasks), as a pool of paused clones
+	// (warmpool.NewRestored) holds them; the burst is n `runsc resume`.
+	burstPrerestored burstMode = "prerestored"
+)
 
 // burst parks a heapMiB tick workload with each runtime and restores n
 // clones of it at once (each in its own goroutine), then measures the
-// clones' memory once every one has read its whole heap: once by plain
-// restores, which create their sandboxes, and once into n sandboxes created
-// beforehand, as an orchestrator's pool of that size would hold them. Each
-// mode parks its own source (same workload, its own image and runsc root).
+// clones' memory once every one has read its whole heap, in each
+// burstMode the runtime has. Each mode parks its own source (same
+// workload, its own image and runsc root).
 func burst(dir string, runtimes []runtimeConfig, n, heapMiB int) []BurstResult {
 	var results []BurstResult
 	for _, modes := range eachRuntime(dir, "burst", runtimes, func(base string, rt runtimeConfig) []BurstResult {
 		defer os.RemoveAll(base)
-		return []BurstResult{
-			burstOne(filepath.Join(base, "plain"), rt, n, heapMiB, false),
-			burstOne(filepath.Join(base, "prestarted"), rt, n, heapMiB, true),
+		modes := []burstMode{burstPlain, burstPrestarted}
+		if rt.name == "forkvisor" {
+			modes = append(modes, burstPrerestored)
 		}
+		var rs []BurstResult
+		for _, mode := range modes {
+			rs = append(rs, burstOne(filepath.Join(base, string(mode)), rt, n, heapMiB, mode))
+		}
+		return rs
 	}) {
 		results = append(results, modes...)
 	}
 	return results
 }
 
-func burstOne(base string, rt runtimeConfig, n, heapMiB int, prestarted bool) BurstResult {
+func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) BurstResult {
 	p := parkTick(base, "burst", rt, "-mib", fmt.Sprint(heapMiB), "-interval", "50ms")
 	r := p.r
 	defer os.RemoveAll(base)
 	defer r.Cleanup()
 
-	res := BurstResult{Runtime: rt.name, Prestarted: prestarted, HeapMiB: heapMiB, Restores: n, RestoreMs: make([]float64, n), CPUMs: make([]float64, n)}
+	res := BurstResult{Runtime: rt.name, Mode: mode, HeapMiB: heapMiB, Restores: n, RestoreMs: make([]float64, n), CPUMs: make([]float64, n)}
 	ids, outs := make([]string, n), make([]string, n)
 	createCPU := make([]time.Duration, n)
 	for i := 0; i < n; i++ {
@@ -67,12 +91,28 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, prestarted bool) Bu
 		// "burst15" already exists would find (and refuse) the latter.
 		ids[i] = fmt.Sprintf("burst%0*d", len(fmt.Sprint(n-1)), i)
 		outs[i] = filepath.Join(base, ids[i]+".out")
-		if prestarted {
+		switch mode {
+		case burstPrestarted:
 			must(r.Create(p.bundle, ids[i], outs[i]))
-			cpu, err := r.SentryCPU(ids[i])
+		case burstPrerestored:
+			must(r.Restore(p.bundle, ids[i], p.image, outs[i], append([]string{"--paused"}, rt.restoreArgs...)...))
+			if !r.Paused(ids[i]) {
+				fatalf("burst %s: %s is not paused after runsc restore --paused", rt.name, ids[i])
+			}
+		}
+	}
+	if mode != burstPlain {
+		// A pool filled earlier is idle when the burst comes: let the
+		// last sandboxes' background work end before timing.
+		time.Sleep(time.Second)
+		for i, id := range ids {
+			cpu, err := r.SentryCPU(id)
 			must(err)
 			createCPU[i] = cpu
 		}
+		pool, _, err := r.Memory(ids...)
+		must(err)
+		res.PoolPssMiB = float64(pool.Pss) / 1024
 	}
 	errs := make([]error, n)
 	ends := make([]time.Time, n)
@@ -84,7 +124,13 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, prestarted bool) Bu
 			defer wg.Done()
 			// Not RestoreFirstTick: 16 goroutines polling every
 			// millisecond would take CPU from the restores they time.
-			if err := r.Restore(p.bundle, ids[i], p.image, outs[i], rt.restoreArgs...); err != nil {
+			var err error
+			if mode == burstPrerestored {
+				err = r.Resume(ids[i])
+			} else {
+				err = r.Restore(p.bundle, ids[i], p.image, outs[i], rt.restoreArgs...)
+			}
+			if err != nil {
 				errs[i] = err
 				return
 			}
@@ -129,16 +175,16 @@ func printBurst(results []BurstResult) {
 		return
 	}
 	r0 := results[0]
-	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand (not timed)\n", r0.Restores, r0.HeapMiB, r0.Restores)
-	fmt.Printf("%-11s %-10s %9s %9s %9s %12s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_Pss")
+	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prerestored: %d resumes of clones restored paused beforehand (neither timed; pool_Pss: their memory while they wait)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
+	fmt.Printf("%-11s %-11s %9s %9s %9s %12s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_Pss", "pool_Pss")
 	for _, r := range results {
-		fmt.Printf("%-11s %-10s %9.0f %9.0f %9.0f %12.0f %10.1f\n", r.Runtime, burstMode(r), r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB)
+		fmt.Printf("%-11s %-11s %9.0f %9.0f %9.0f %12.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB, r.PoolPssMiB)
 	}
-	// best returns the burst of the given mode, of upstream or upstream-bg,
-	// with the shortest wall time.
-	best := func(prestarted bool) (b BurstResult) {
+	// best returns upstream's (or upstream-bg's) burst with the shortest
+	// wall time among those in modes, or a zero result.
+	best := func(modes ...burstMode) (b BurstResult) {
 		for _, r := range results {
-			if r.Runtime != "forkvisor" && r.Prestarted == prestarted && (b.Runtime == "" || r.WallMs < b.WallMs) {
+			if r.Runtime != "forkvisor" && slices.Contains(modes, r.Mode) && (b.Runtime == "" || r.WallMs < b.WallMs) {
 				b = r
 			}
 		}
@@ -148,20 +194,20 @@ func printBurst(results []BurstResult) {
 		if r.Runtime != "forkvisor" {
 			continue
 		}
-		if b := best(r.Prestarted); b.WallMs > 0 && b.CPUP50Ms > 0 && b.TotalPssMiB > 0 {
-			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, cpu per restore %.2fx, total Pss %.2fx\n", burstMode(r), burstMode(b), b.Runtime, r.WallMs/b.WallMs, r.CPUP50Ms/b.CPUP50Ms, r.TotalPssMiB/b.TotalPssMiB)
+		if b := best(r.Mode); b.WallMs > 0 && b.CPUP50Ms > 0 && b.TotalPssMiB > 0 {
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, cpu per restore %.2fx, total Pss %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.CPUP50Ms/b.CPUP50Ms, r.TotalPssMiB/b.TotalPssMiB)
 		}
 		// Across modes, the sentry CPU columns count different work (a
-		// plain restore's includes creating its sandbox): wall and Pss only.
-		if b := best(false); r.Prestarted && b.WallMs > 0 && b.TotalPssMiB > 0 {
-			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total Pss %.2fx\n", burstMode(r), burstMode(b), b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
+		// plain restore's includes creating its sandbox): wall and Pss
+		// only, against upstream's plain burst and against its best.
+		if r.Mode == burstPlain {
+			continue
+		}
+		if b := best(burstPlain); b.WallMs > 0 && b.TotalPssMiB > 0 {
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total Pss %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
+		}
+		if b := best(burstPlain, burstPrestarted); r.Mode == burstPrerestored && b.Mode != burstPlain && b.WallMs > 0 && b.TotalPssMiB > 0 {
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total Pss %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
 		}
 	}
-}
-
-func burstMode(r BurstResult) string {
-	if r.Prestarted {
-		return "prestarted"
-	}
-	return "plain"
 }

@@ -51,9 +51,11 @@
 //	           (-density-budget-mib) or 64 run (-density-max): clones per GiB,
 //	           per-clone memory by kind
 //	burst      16 restores (-burst-n) of one parked 128 MiB (-burst-mib) tick
-//	           workload started at once, by plain restores and into as
-//	           many sandboxes created beforehand: wall time, per-restore
-//	           latency and sentry CPU, total Pss
+//	           workload started at once, by plain restores, into as
+//	           many sandboxes created beforehand and (forkvisor) as resumes
+//	           of as many clones restored paused beforehand: wall time,
+//	           per-restore latency and sentry CPU, total Pss, the pool's
+//	           Pss while it waits
 //	verify     what verifying a base costs: a base of random data read per
 //	           2 MiB block, faulted in (the floor) or faulted in and hashed,
 //	           cold and warm page cache, and `runsc bases verify` of it
