@@ -95,6 +95,9 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 		case burstPrestarted:
 			must(r.Create(p.bundle, ids[i], outs[i]))
 		case burstPrerestored:
+			// What warmpool.NewRestored does, without its pool: a burst
+			// through Pool.Restore would start refills next to the
+			// resumes it times.
 			must(r.Restore(p.bundle, ids[i], p.image, outs[i], append([]string{"--paused"}, rt.restoreArgs...)...))
 			if !r.Paused(ids[i]) {
 				fatalf("burst %s: %s is not paused after runsc restore --paused", rt.name, ids[i])
