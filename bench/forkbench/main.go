@@ -159,6 +159,10 @@ type Result struct {
 	// PssByKindMiB is the total Pss by kind of memory (memstat.Kind*:
 	// guest memory file, base, platform, anon, file) of the last repeat.
 	PssByKindMiB map[string]float64 `json:"pss_by_kind_mib,omitempty"`
+	// UnmappedGuestMiB is the part of the guest kind, and of TotalPssMiB,
+	// that is MemoryFile pages no process maps (memstat.UnmappedGuest), read
+	// just after them.
+	UnmappedGuestMiB float64 `json:"unmapped_guest_mib"`
 
 	LayerMiB      int   `json:"layer_mib,omitempty"`
 	Repeats       int   `json:"repeats,omitempty"`        // park_ms and restore p50 are medians over this many runs
@@ -505,6 +509,9 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 	byKind, err := r.MemoryByKind(ids...)
 	must(err)
 	res.PssByKindMiB = kindsMiB(byKind, 1)
+	unmapped, err := r.UnmappedGuest(ids...)
+	must(err)
+	res.UnmappedGuestMiB = float64(unmapped) / 1024
 
 	var reparkRes *Result
 	if repark {
@@ -542,11 +549,11 @@ func printTable(results []Result) {
 			continue
 		}
 		if !haveKinds {
-			fmt.Printf("\n%-10s %-11s %10s %10s %10s %10s %10s  (total Pss by kind, MiB, last repeat)\n", "scenario", "runtime",
-				memstat.KindGuest, memstat.KindBase, memstat.KindPlatform, memstat.KindAnon, memstat.KindFile)
+			fmt.Printf("\n%-10s %-11s %10s %10s %10s %10s %10s %10s  (total memory by kind, MiB, last repeat; unmapped: guest pages no process maps, in guest)\n", "scenario", "runtime",
+				memstat.KindGuest, memstat.KindBase, memstat.KindPlatform, memstat.KindAnon, memstat.KindFile, "unmapped")
 			haveKinds = true
 		}
-		fmt.Printf("%-10s %-11s %s\n", r.Scenario, r.Runtime, kindColumns(r.PssByKindMiB))
+		fmt.Printf("%-10s %-11s %s %10.1f\n", r.Scenario, r.Runtime, kindColumns(r.PssByKindMiB), r.UnmappedGuestMiB)
 	}
 	haveLayers := false
 	for _, r := range results {

@@ -1,6 +1,20 @@
 // Package memstat measures the memory of runsc sandboxes honestly: Pss
 // summed over every process of a sandbox (the sentry, its systrap stub
-// processes and the gofer), counting each address space once.
+// processes and the gofer), counting each address space once, plus the
+// pages of the sandbox's MemoryFile that no process maps.
+//
+// Pss counts a page only where a process maps it. A sentry fills some pages
+// of its MemoryFile (memfd "runsc-memory") with write(2)-family calls rather
+// than through a mapping: upstream's restore does not, but the fork's
+// shared-base restore does (a base's write set by sendfile, copy-on-write
+// copies by pwrite), and until the guest touches such a page no process
+// maps it. It still takes memory (shmem), so summing Pss alone would
+// understate the fork's memory against upstream's. A MemoryFile belongs to
+// one sandbox, so its allocation (st_blocks) is all that sandbox's: the
+// Pss-based totals here (OfSandbox, Breakdown) add the part of it that no
+// process maps (UnmappedGuest). Page cache of files (base.img, upstream's
+// pages file) that no process maps is not counted, for either runtime: the
+// kernel reclaims it like any clean cache.
 package memstat
 
 import (
@@ -151,23 +165,82 @@ func SandboxPIDs(sentryPID, goferPID int) []int {
 }
 
 // OfSandbox measures the sandbox whose sentry is sentryPID and whose gofer
-// is goferPID (0 if none).
+// is goferPID (0 if none). Both Pss fields include the sandbox's MemoryFile
+// pages that no process maps (UnmappedGuest): the sentry owns the file.
 func OfSandbox(sentryPID, goferPID int) (Sandbox, error) {
 	sentry, err := Rollup(sentryPID)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("sentry %d: %w", sentryPID, err)
 	}
-	all, err := Processes(SandboxPIDs(sentryPID, goferPID))
+	pids := SandboxPIDs(sentryPID, goferPID)
+	all, err := Processes(pids)
 	if err != nil {
 		return Sandbox{}, err
 	}
+	unmapped, err := UnmappedGuest(pids)
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox of sentry %d: %w", sentryPID, err)
+	}
+	all.Pss += unmapped
+	sentry.Pss += unmapped
 	return Sandbox{All: all, Sentry: sentry}, nil
+}
+
+// guestFilePrefix is how /proc names a sentry's main MemoryFile, in
+// /proc/PID/fd links and in smaps.
+const guestFilePrefix = "/memfd:runsc-memory"
+
+// guestAllocated returns the KiB allocated to the distinct MemoryFiles
+// (memfd "runsc-memory") that pids hold open, each file once.
+func guestAllocated(pids []int) uint64 {
+	type fileID struct{ dev, ino uint64 }
+	seen := map[fileID]bool{}
+	var kib uint64
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue // exited, or no such process
+		}
+		for _, e := range entries {
+			fd := filepath.Join(dir, e.Name())
+			if link, err := os.Readlink(fd); err != nil || !strings.HasPrefix(link, guestFilePrefix) {
+				continue
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(fd, &st); err != nil {
+				continue // closed meanwhile
+			}
+			id := fileID{uint64(st.Dev), st.Ino}
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			kib += uint64(st.Blocks) * 512 / 1024
+		}
+	}
+	return kib
+}
+
+// UnmappedGuest returns the KiB of the MemoryFiles held by pids (one
+// sandbox's processes) that no process maps: their allocation less the Pss
+// of their mapped pages, which only that sandbox's processes map (see the
+// package comment). Pages that become mapped between the two reads make it
+// smaller by as much; it is never negative.
+func UnmappedGuest(pids []int) (uint64, error) {
+	byKind, err := pssByKind(pids)
+	if err != nil {
+		return 0, err
+	}
+	alloc := guestAllocated(pids)
+	return alloc - min(alloc, byKind[KindGuest]), nil
 }
 
 // Kinds of memory that Breakdown tells apart, by what a mapping maps.
 const (
 	// KindGuest is the sentry's main MemoryFile (memfd "runsc-memory"):
-	// the guest's private pages, mapped by the sentry and the stubs.
+	// the guest's private pages, mapped by the sentry and the stubs, and
+	// (in Breakdown) the pages of it that no process maps.
 	KindGuest = "guest"
 	// KindBase is a shared base (a file named base.img), mapped read-only
 	// by the sentry and the stubs of every clone over it.
@@ -185,7 +258,7 @@ func mappingKind(path string) string {
 	switch {
 	case path == "" || strings.HasPrefix(path, "[") && path != "[vdso]" && path != "[vvar]" && path != "[vsyscall]":
 		return KindAnon
-	case strings.HasPrefix(path, "/memfd:runsc-memory"):
+	case strings.HasPrefix(path, guestFilePrefix):
 		return KindGuest
 	case strings.HasPrefix(path, "/memfd:systrap-memory"):
 		return KindPlatform
@@ -237,10 +310,24 @@ func parseSmaps(s *bufio.Scanner, byKind map[string]uint64) error {
 	return s.Err()
 }
 
-// Breakdown returns the Pss, in KiB, of pids by kind of memory (KindGuest,
-// KindBase, KindPlatform, KindAnon, KindFile), counting each address space
-// once. Processes that exit while it reads are left out.
+// Breakdown returns the memory, in KiB, of pids (one sandbox's processes) by
+// kind (KindGuest, KindBase, KindPlatform, KindAnon, KindFile): their Pss,
+// counting each address space once, with the MemoryFile pages that no
+// process maps added to KindGuest (UnmappedGuest). Processes that exit while
+// it reads are left out.
 func Breakdown(pids []int) (map[string]uint64, error) {
+	byKind, err := pssByKind(pids)
+	if err != nil {
+		return nil, err
+	}
+	alloc := guestAllocated(pids)
+	byKind[KindGuest] = max(byKind[KindGuest], alloc)
+	return byKind, nil
+}
+
+// pssByKind returns the Pss, in KiB, of pids by kind of memory, counting each
+// address space once.
+func pssByKind(pids []int) (map[string]uint64, error) {
 	byKind := map[string]uint64{}
 	var parseErr error
 	eachAddressSpace(pids, func(pid int) bool {

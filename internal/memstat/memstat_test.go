@@ -2,10 +2,13 @@ package memstat
 
 import (
 	"bufio"
+	"bytes"
 	"os"
 	"reflect"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestMappingKind(t *testing.T) {
@@ -81,4 +84,47 @@ func TestBreakdownMatchesRollup(t *testing.T) {
 	if byKind[KindAnon] == 0 || byKind[KindFile] == 0 {
 		t.Errorf("Breakdown = %v: want anonymous memory and this test binary's text", byKind)
 	}
+}
+
+// TestUnmappedGuest checks that a MemoryFile's pages count whether or not a
+// process maps them: pages written with pwrite (as the fork's restore fills
+// a write set) are in Breakdown's KindGuest and in UnmappedGuest until they
+// are mapped, then in Pss and not counted twice.
+func TestUnmappedGuest(t *testing.T) {
+	fd, err := unix.MemfdCreate("runsc-memory", 0)
+	if err != nil {
+		t.Fatalf("memfd_create: %v", err)
+	}
+	defer unix.Close(fd)
+	const size = 4 << 20
+	if _, err := unix.Pwrite(fd, bytes.Repeat([]byte{1}, size), 0); err != nil {
+		t.Fatalf("pwrite: %v", err)
+	}
+	pids := []int{os.Getpid()}
+	const slack = 256 // KiB: the test's own pages that move between reads
+	check := func(step string, wantUnmapped uint64) {
+		t.Helper()
+		unmapped, err := UnmappedGuest(pids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byKind, err := Breakdown(pids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if unmapped+slack < wantUnmapped || unmapped > wantUnmapped+slack {
+			t.Errorf("%s: UnmappedGuest = %d KiB, want %d", step, unmapped, wantUnmapped)
+		}
+		if g := byKind[KindGuest]; g < size/1024 || g > size/1024+slack {
+			t.Errorf("%s: Breakdown's guest = %d KiB, want the file's %d KiB, mapped or not", step, g, size/1024)
+		}
+	}
+	check("written, not mapped", size/1024)
+
+	m, err := unix.Mmap(fd, 0, size/4, unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		t.Fatalf("mmap: %v", err)
+	}
+	defer unix.Munmap(m)
+	check("a quarter mapped", 3*size/4/1024)
 }

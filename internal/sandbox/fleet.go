@@ -51,6 +51,26 @@ func (r *Runsc) MemoryByKind(ids ...string) (map[string]uint64, error) {
 	return total, nil
 }
 
+// UnmappedGuest returns the KiB of the MemoryFiles of containers ids (each
+// its own sandbox) that no process maps, summed (memstat.UnmappedGuest):
+// the part of Memory's and MemoryByKind's guest memory that Pss alone would
+// leave out.
+func (r *Runsc) UnmappedGuest(ids ...string) (uint64, error) {
+	var total uint64
+	for _, id := range ids {
+		pid, err := r.SandboxPID(id)
+		if err != nil {
+			return 0, err
+		}
+		u, err := memstat.UnmappedGuest(memstat.SandboxPIDs(pid, r.GoferPID(id)))
+		if err != nil {
+			return 0, fmt.Errorf("container %s: %w", id, err)
+		}
+		total += u
+	}
+	return total, nil
+}
+
 // WriteSetPath returns where the fork keeps the write set of the base that
 // the checkpoint in image was saved against (writeset.Path, with the base's
 // entry in r's node base store).

@@ -1,0 +1,208 @@
+// Command pywrites measures, page by page, what one pass of the CPython
+// agent (test/workloads/pyagent) writes of its heap: the least that any
+// copy-on-write scheme, however fine, must copy per clone of that workload.
+//
+// It runs the agent's State natively (chroot into the Python root
+// filesystem that tools/pyrootfs.sh builds, the same interpreter the
+// sandboxes run), forks a child that only waits, so that every anonymous
+// page is shared between the two, then has the parent run one checksum
+// pass (what every tick does). A page that the pass wrote has been copied
+// by the host's copy-on-write and is mapped by the parent alone
+// (/proc/PID/pagemap bit 56); one that it only read is still shared with
+// the child. It prints how many pages were written, in how many runs of
+// consecutive pages, and how they fall into 2 MiB windows: the unit of the
+// fork's window copies.
+//
+// Usage (root): go run ./bench/pywrites [-entries N] [-seed S]
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// driver runs in the chroot: it builds the agent's state, forks a child that
+// waits for its stdin to close, and runs one pass when told to.
+const driver = `
+import os, sys
+ns = {"__name__": "pyagent"}
+exec(os.environ["PYAGENT_SOURCE"], ns)
+st = ns["State"](int(sys.argv[1]), int(sys.argv[2]))
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(w)
+    os.read(r, 1)
+    os._exit(0)
+os.close(r)
+print("ready", flush=True)
+sys.stdin.readline()
+ok = st.checksum() == st.expected
+print("done", "ok" if ok else "BAD", flush=True)
+sys.stdin.readline()
+`
+
+const pageSize = 4096
+
+// anonPages returns, for every present private anonymous page of pid's
+// writable mappings, its virtual page number and whether pid alone maps it.
+func anonPages(pid int) (vpns []uint64, exclusive []bool, err error) {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, nil, err
+	}
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer pm.Close()
+	for _, line := range strings.Split(strings.TrimSpace(string(maps)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || !strings.HasPrefix(f[1], "rw") || f[1][3] != 'p' {
+			continue
+		}
+		r := strings.SplitN(f[0], "-", 2)
+		start, err1 := strconv.ParseUint(r[0], 16, 64)
+		end, err2 := strconv.ParseUint(r[1], 16, 64)
+		if err1 != nil || err2 != nil {
+			return nil, nil, fmt.Errorf("/proc/%d/maps: bad line %q", pid, line)
+		}
+		buf := make([]byte, (end-start)/pageSize*8)
+		if _, err := pm.ReadAt(buf, int64(start/pageSize*8)); err != nil && err != io.EOF {
+			return nil, nil, fmt.Errorf("/proc/%d/pagemap: %w", pid, err)
+		}
+		for i := 0; i+8 <= len(buf); i += 8 {
+			e := binary.LittleEndian.Uint64(buf[i:])
+			const present, fileOrShared, excl = 1 << 63, 1 << 61, 1 << 56
+			if e&present == 0 || e&fileOrShared != 0 {
+				continue
+			}
+			vpns = append(vpns, start/pageSize+uint64(i/8))
+			exclusive = append(exclusive, e&excl != 0)
+		}
+	}
+	return vpns, exclusive, nil
+}
+
+func main() {
+	entries := flag.Int("entries", 200000, "entries of the agent's state (its default)")
+	seed := flag.Int("seed", 1, "seed of the state's content")
+	flag.Parse()
+	wd, err := os.Getwd()
+	must(err)
+	rootfs, err := sandbox.PyRootfs(wd)
+	must(err)
+	src, err := os.ReadFile(filepath.Join(wd, sandbox.PyAgentScript))
+	must(err)
+
+	cmd := exec.Command("chroot", rootfs, "/usr/bin/python3", "-c", driver, strconv.Itoa(*entries), strconv.Itoa(*seed))
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "PYAGENT_SOURCE=" + string(src)}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	must(err)
+	stdout, err := cmd.StdoutPipe()
+	must(err)
+	must(cmd.Start())
+	defer cmd.Wait()
+	defer stdin.Close()
+	out := bufio.NewScanner(stdout)
+	expect := func(prefix string) string {
+		if !out.Scan() || !strings.HasPrefix(out.Text(), prefix) {
+			fatalf("the agent's driver printed %q, want %q (%v)", out.Text(), prefix, out.Err())
+		}
+		return out.Text()
+	}
+	expect("ready")
+	pid := cmd.Process.Pid
+	before, shared, err := anonPages(pid)
+	must(err)
+	nShared := 0
+	for _, s := range shared {
+		if !s {
+			nShared++
+		}
+	}
+	_, err = io.WriteString(stdin, "go\n")
+	must(err)
+	if done := expect("done"); done != "done ok" {
+		fatalf("the pass's checksum is wrong: %q", done)
+	}
+	after, excl, err := anonPages(pid)
+	must(err)
+	_, err = io.WriteString(stdin, "exit\n")
+	must(err)
+
+	wasShared := map[uint64]bool{}
+	for i, v := range before {
+		if !shared[i] {
+			wasShared[v] = true
+		}
+	}
+	written := map[uint64]bool{}
+	for i, v := range after {
+		if excl[i] && wasShared[v] {
+			written[v] = true
+		}
+	}
+	// Runs of written pages, and 2 MiB windows, over the pages that were
+	// shared before the pass.
+	const pagesPerWindow = 512
+	windows := map[uint64][2]int{} // window -> {shared pages, written pages}
+	runs, prevWritten, prevV := 0, false, uint64(0)
+	for _, v := range before {
+		if !wasShared[v] {
+			continue
+		}
+		w := windows[v/pagesPerWindow]
+		w[0]++
+		if written[v] {
+			w[1]++
+			if !prevWritten || v != prevV+1 {
+				runs++
+			}
+		}
+		windows[v/pagesPerWindow] = w
+		prevWritten, prevV = written[v], v
+	}
+	var touched, mostly, whole int
+	for _, w := range windows {
+		switch {
+		case w[1] == w[0]:
+			whole++
+			touched++
+		case w[1]*4 >= w[0]*3:
+			mostly++
+			touched++
+		case w[1] > 0:
+			touched++
+		}
+	}
+	mib := func(pages int) float64 { return float64(pages) * pageSize / (1 << 20) }
+	fmt.Printf("pyagent entries=%d seed=%d: %d private anonymous pages (%.1f MiB) shared with an idle fork child before the pass\n",
+		*entries, *seed, nShared, mib(nShared))
+	fmt.Printf("one pass wrote %d of them (%.1f%%, %.1f MiB) in %d runs of consecutive pages; %.1f MiB were only read\n",
+		len(written), 100*float64(len(written))/float64(max(nShared, 1)), mib(len(written)), runs, mib(nShared-len(written)))
+	fmt.Printf("2 MiB windows holding such pages: %d; with a written page: %d; at least 3/4 written: %d; wholly written: %d\n",
+		len(windows), touched, mostly+whole, whole)
+}
+
+func must(err error) {
+	if err != nil {
+		fatalf("%v", err)
+	}
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "pywrites: "+format+"\n", args...)
+	os.Exit(1)
+}
