@@ -121,21 +121,22 @@ func TestNetworkClones(t *testing.T) {
 		// What the workload sees of the connection it held when parked:
 		// runsc closed it at the park (--allow-connected-on-save is off by default), and
 		// the clone reads end of file.
-		if line := waitLine(t, outs[k], 0, "held n=0 ended: "); line != "held n=0 ended: EOF" {
+		if line, _ := waitLine(t, outs[k], 0, "held n=0 ended: "); line != "held n=0 ended: EOF" {
 			t.Errorf("clone %d: %q, want the held connection to end with EOF", k, line)
 		}
 	}
 }
 
 // waitLine waits for a line of the output file out, from line index from,
-// that starts with prefix, and returns it.
-func waitLine(t *testing.T, out string, from int, prefix string) string {
+// that starts with prefix, and returns it and the index of the line after
+// it.
+func waitLine(t *testing.T, out string, from int, prefix string) (string, int) {
 	t.Helper()
-	l, _, err := sandbox.WaitForLine(out, from, 30*time.Second, func(l string) bool { return strings.HasPrefix(l, prefix) })
+	l, idx, err := sandbox.WaitForLine(out, from, 60*time.Second, func(l string) bool { return strings.HasPrefix(l, prefix) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l
+	return l, idx + 1
 }
 
 // whoami returns the addresses of the kvserver that c talks to.

@@ -161,16 +161,30 @@ func waitWriteSet(t *testing.T, path string) {
 // logsContain reports whether a runsc debug log under dir contains s.
 func logsContain(t *testing.T, dir, s string) bool {
 	t.Helper()
+	return len(logLines(t, dir, s)) > 0
+}
+
+// logLines returns the lines of the runsc debug logs under dir that contain
+// s.
+func logLines(t *testing.T, dir, s string) []string {
+	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var lines []string
 	for _, e := range entries {
-		if b, err := os.ReadFile(filepath.Join(dir, e.Name())); err == nil && strings.Contains(string(b), s) {
-			return true
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, s) {
+				lines = append(lines, l)
+			}
 		}
 	}
-	return false
+	return lines
 }
 
 // stubMaps returns the largest number of host mappings of any process of the

@@ -37,17 +37,33 @@ writes CMD there atomically (for `runsc exec`).
           line prints it as mark=HEX
     fork  fork(); the child runs a full checksum pass and prints
           "forkchild sum=ok|BAD mark=HEX", then exits
+    hold  fork() a child that keeps the state, shared with this process,
+          and runs the commands of --ctl-child (default --ctl plus
+          ".child") one at a time; it prints "holder ready" first. This
+          process then reads only the first LIGHT_ENTRIES entries every
+          tick (its tick lines check those), so that the two keep
+          sharing the rest until the child writes it. The child's
+          commands:
+            pass P  read (and so write) the first P% of the entries once;
+                    prints "holder pass=P ms=MS"
+            check   a full checksum pass; prints "holder sum=ok|BAD mark=HEX"
+            exit    exit
     dump  also write the next tick line to --dump (default /tmp/dump)
 """
 
 import argparse
 import asyncio
+import itertools
 import os
 import random
 import sys
 import time
 
 MASK = (1 << 64) - 1
+
+# LIGHT_ENTRIES is how many entries a tick reads once a holder child keeps
+# the state (the "hold" command).
+LIGHT_ENTRIES = 1000
 
 
 class State:
@@ -66,11 +82,13 @@ class State:
         self.items = items
         self.mark = 0
         self.expected = self.checksum()
+        self.expected_light = self.checksum(LIGHT_ENTRIES)
 
-    def checksum(self):
-        """Reads every object of every entry; returns a 64-bit checksum."""
+    def checksum(self, limit=None):
+        """Reads every object of the first limit entries (all if None);
+        returns a 64-bit checksum."""
         s = 0
-        for v in self.items.values():
+        for v in itertools.islice(self.items.values(), limit):
             tags = v["tags"]
             s = (s * 1000003 + v["id"] + len(v["name"]) + int(v["score"] * 1e6)
                  + len(tags[0]) + len(tags[1])) & MASK
@@ -114,6 +132,38 @@ def fork_and_check(state):
     os.waitpid(pid, 0)
 
 
+def hold(state, ctl):
+    """Forks the holder child (the "hold" command); returns its pid in the
+    parent. The child never returns."""
+    pid = os.fork()
+    if pid != 0:
+        return pid
+    try:
+        out("holder ready")
+        while True:
+            try:
+                os.rename(ctl, ctl + ".taken")
+                with open(ctl + ".taken") as f:
+                    cmd = f.read().split()
+                os.remove(ctl + ".taken")
+            except FileNotFoundError:
+                time.sleep(0.05)
+                continue
+            if cmd[:1] == ["pass"] and len(cmd) == 2:
+                start = time.monotonic()
+                state.checksum(len(state.items) * int(cmd[1]) // 100)
+                out("holder pass=%s ms=%.1f" % (cmd[1], (time.monotonic() - start) * 1000.0))
+            elif cmd == ["check"]:
+                ok = state.checksum() == state.expected
+                out("holder sum=%s mark=%x" % ("ok" if ok else "BAD", state.mark))
+            elif cmd == ["exit"]:
+                break
+            else:
+                out("holder: unknown command %r" % " ".join(cmd))
+    finally:
+        os._exit(0)
+
+
 def out(line):
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -122,7 +172,14 @@ def out(line):
 async def run(state, args, interval):
     dump = False
     tick = 0
+    holder = 0
     while True:
+        if holder:
+            try:
+                if os.waitpid(holder, os.WNOHANG)[0] == holder:
+                    holder = 0
+            except ChildProcessError:
+                holder = 0
         # Take the command file by renaming it, so that a command sent while
         # this one is read is not removed with it.
         try:
@@ -136,13 +193,21 @@ async def run(state, args, interval):
             state.mark = int.from_bytes(os.urandom(8), "big")
         elif cmd == "fork":
             fork_and_check(state)
+        elif cmd == "hold":
+            if holder:
+                out("already holding")
+            else:
+                holder = hold(state, args.ctl_child or args.ctl + ".child")
         elif cmd == "dump":
             dump = True
         elif cmd is not None:
             out("unknown command %r" % cmd)
 
         pass_start = time.monotonic()
-        ok = state.checksum() == state.expected
+        if holder:
+            ok = state.checksum(LIGHT_ENTRIES) == state.expected_light
+        else:
+            ok = state.checksum() == state.expected
         pass_ms = (time.monotonic() - pass_start) * 1000.0
         line = "tick=%d mib=%d sum=%s mark=%x pass_ms=%.1f" % (tick, rss_mib(), "ok" if ok else "BAD", state.mark, pass_ms)
         out(line)
@@ -162,6 +227,7 @@ def main():
     p.add_argument("--interval", default="100ms", help='tick interval: "100ms", "0.1s" or seconds')
     p.add_argument("--seed", type=int, default=1, help="seed of the state's content")
     p.add_argument("--ctl", default="/tmp/ctl", help="command file")
+    p.add_argument("--ctl-child", default="", help="command file of the hold command's child (default: --ctl plus .child)")
     p.add_argument("--dump", default="/tmp/dump", help="file the dump command writes")
     p.add_argument("--send", default="", help="write this command to the command file and exit")
     args = p.parse_args()
