@@ -29,9 +29,10 @@ type BurstResult struct {
 	// then.
 	CPUMs       []float64 `json:"cpu_ms"`
 	CPUP50Ms    float64   `json:"cpu_p50_ms"`
-	TotalPssMiB float64   `json:"total_pss_mib"` // once every clone read its heap
-	// PoolPssMiB is the total Pss of the n sandboxes while they wait for
-	// the burst (0 for plain restores, which have none).
+	TotalPssMiB float64   `json:"total_pss_mib"` // once every clone read its heap (memstat.Usage.Total)
+	// PoolPssMiB is the total memory (memstat.Usage.Total) of the n
+	// sandboxes while they wait for the burst (0 for plain restores, which
+	// have none).
 	PoolPssMiB float64 `json:"pool_pss_mib"`
 }
 
@@ -115,7 +116,7 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 		}
 		pool, _, err := r.Memory(ids...)
 		must(err)
-		res.PoolPssMiB = float64(pool.Pss) / 1024
+		res.PoolPssMiB = float64(pool.Total()) / 1024
 	}
 	errs := make([]error, n)
 	ends := make([]time.Time, n)
@@ -169,7 +170,7 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 	}
 	all, _, err := r.Memory(ids...)
 	must(err)
-	res.TotalPssMiB = float64(all.Pss) / 1024
+	res.TotalPssMiB = float64(all.Total()) / 1024
 	return res
 }
 
@@ -178,8 +179,8 @@ func printBurst(results []BurstResult) {
 		return
 	}
 	r0 := results[0]
-	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prerestored: %d resumes of clones restored paused beforehand (neither timed; pool_Pss: their memory while they wait)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
-	fmt.Printf("%-11s %-11s %9s %9s %9s %12s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_Pss", "pool_Pss")
+	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prerestored: %d resumes of clones restored paused beforehand (neither timed; pool_MiB: their memory while they wait)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
+	fmt.Printf("%-11s %-11s %9s %9s %9s %12s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_MiB", "pool_MiB")
 	for _, r := range results {
 		fmt.Printf("%-11s %-11s %9.0f %9.0f %9.0f %12.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB, r.PoolPssMiB)
 	}
@@ -198,7 +199,7 @@ func printBurst(results []BurstResult) {
 			continue
 		}
 		if b := best(r.Mode); b.WallMs > 0 && b.CPUP50Ms > 0 && b.TotalPssMiB > 0 {
-			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, cpu per restore %.2fx, total Pss %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.CPUP50Ms/b.CPUP50Ms, r.TotalPssMiB/b.TotalPssMiB)
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, cpu per restore %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.CPUP50Ms/b.CPUP50Ms, r.TotalPssMiB/b.TotalPssMiB)
 		}
 		// Across modes, the sentry CPU columns count different work (a
 		// plain restore's includes creating its sandbox): wall and Pss
@@ -207,10 +208,10 @@ func printBurst(results []BurstResult) {
 			continue
 		}
 		if b := best(burstPlain); b.WallMs > 0 && b.TotalPssMiB > 0 {
-			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total Pss %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
 		}
 		if b := best(burstPlain, burstPrestarted); r.Mode == burstPrerestored && b.Mode != burstPlain && b.WallMs > 0 && b.TotalPssMiB > 0 {
-			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total Pss %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
 		}
 	}
 }

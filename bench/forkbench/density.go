@@ -64,7 +64,7 @@ func densityOne(base string, rt runtimeConfig, heapMiB, budgetMiB, maxClones int
 		}
 		all, _, err := r.Memory(ids...)
 		must(err)
-		pss := float64(all.Pss) / 1024
+		pss := float64(all.Total()) / 1024
 		res.PssMiB = append(res.PssMiB, pss)
 		if pss > float64(budgetMiB) {
 			res.Clones = i
@@ -75,7 +75,7 @@ func densityOne(base string, rt runtimeConfig, heapMiB, budgetMiB, maxClones int
 		res.MarginalMiB = (res.PssMiB[n-1] - res.PssMiB[0]) / float64(n-1)
 		res.ClonesPerGiB = 1024 / res.MarginalMiB
 	}
-	byKind, err := r.MemoryByKind(ids...)
+	byKind, _, err := r.MemoryByKind(ids...)
 	must(err)
 	res.PerCloneByKindMiB = kindsMiB(byKind, len(ids))
 	return res
@@ -86,7 +86,7 @@ func printDensity(results []DensityResult) {
 		return
 	}
 	r0 := results[0]
-	fmt.Printf("\ndensity: clones of one parked %d MiB sandbox added until their total Pss passes %d MiB (at most %d)\n", r0.HeapMiB, r0.BudgetMiB, r0.MaxClones)
+	fmt.Printf("\ndensity: clones of one parked %d MiB sandbox added until their total memory passes %d MiB (at most %d)\n", r0.HeapMiB, r0.BudgetMiB, r0.MaxClones)
 	fmt.Printf("%-11s %7s %10s %13s %13s   %10s %10s %10s %10s %10s  (per clone at the last count, MiB)\n", "runtime", "clones", "first_MiB", "marginal_MiB", "clones/GiB",
 		memstat.KindGuest, memstat.KindBase, memstat.KindPlatform, memstat.KindAnon, memstat.KindFile)
 	for _, r := range results {

@@ -7,11 +7,11 @@
 // sandboxes run), forks a child that only waits, so that every anonymous
 // page is shared between the two, then has the parent run one checksum
 // pass (what every tick does). A page that the pass wrote has been copied
-// by the host's copy-on-write and is mapped by the parent alone
-// (/proc/PID/pagemap bit 56); one that it only read is still shared with
-// the child. It prints how many pages were written, in how many runs of
-// consecutive pages, and how they fall into 2 MiB windows: the unit of the
-// fork's window copies.
+// by the host's copy-on-write: the parent maps a new page frame there
+// (/proc/PID/pagemap's frame number, which root can read); one that it only
+// read is still the frame it shares with the child. It prints how many
+// pages were written, in how many runs of consecutive pages, and how they
+// fall into 2 MiB windows: the unit of the fork's window copies.
 //
 // Usage (root): go run ./bench/pywrites [-entries N] [-seed S]
 package main
@@ -32,19 +32,25 @@ import (
 )
 
 // driver runs in the chroot: it builds the agent's state, forks a child that
-// waits for its stdin to close, and runs one pass when told to.
+// says it is idle and then waits until the parent exits (EOF on a pipe), and
+// runs one pass when told to.
 const driver = `
 import os, sys
 ns = {"__name__": "pyagent"}
 exec(os.environ["PYAGENT_SOURCE"], ns)
 st = ns["State"](int(sys.argv[1]), int(sys.argv[2]))
 r, w = os.pipe()
+idle_r, idle_w = os.pipe()
 pid = os.fork()
 if pid == 0:
     os.close(w)
+    os.close(idle_r)
+    os.write(idle_w, b"i")
     os.read(r, 1)
     os._exit(0)
 os.close(r)
+os.close(idle_w)
+os.read(idle_r, 1)
 print("ready", flush=True)
 sys.stdin.readline()
 ok = st.checksum() == st.expected
@@ -54,18 +60,25 @@ sys.stdin.readline()
 
 const pageSize = 4096
 
-// anonPages returns, for every present private anonymous page of pid's
-// writable mappings, its virtual page number and whether pid alone maps it.
-func anonPages(pid int) (vpns []uint64, exclusive []bool, err error) {
+// anonPage is a present private anonymous page of a process.
+type anonPage struct {
+	vpn, pfn uint64 // virtual page number, page frame number
+	shared   bool   // another process maps the frame too
+}
+
+// anonPages returns the present private anonymous pages of pid's writable
+// mappings, in address order.
+func anonPages(pid int) ([]anonPage, error) {
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer pm.Close()
+	var pages []anonPage
 	for _, line := range strings.Split(strings.TrimSpace(string(maps)), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 2 || !strings.HasPrefix(f[1], "rw") || f[1][3] != 'p' {
@@ -75,23 +88,22 @@ func anonPages(pid int) (vpns []uint64, exclusive []bool, err error) {
 		start, err1 := strconv.ParseUint(r[0], 16, 64)
 		end, err2 := strconv.ParseUint(r[1], 16, 64)
 		if err1 != nil || err2 != nil {
-			return nil, nil, fmt.Errorf("/proc/%d/maps: bad line %q", pid, line)
+			return nil, fmt.Errorf("/proc/%d/maps: bad line %q", pid, line)
 		}
 		buf := make([]byte, (end-start)/pageSize*8)
 		if _, err := pm.ReadAt(buf, int64(start/pageSize*8)); err != nil && err != io.EOF {
-			return nil, nil, fmt.Errorf("/proc/%d/pagemap: %w", pid, err)
+			return nil, fmt.Errorf("/proc/%d/pagemap: %w", pid, err)
 		}
 		for i := 0; i+8 <= len(buf); i += 8 {
 			e := binary.LittleEndian.Uint64(buf[i:])
-			const present, fileOrShared, excl = 1 << 63, 1 << 61, 1 << 56
+			const present, fileOrShared, excl, pfnMask = 1 << 63, 1 << 61, 1 << 56, 1<<55 - 1
 			if e&present == 0 || e&fileOrShared != 0 {
 				continue
 			}
-			vpns = append(vpns, start/pageSize+uint64(i/8))
-			exclusive = append(exclusive, e&excl != 0)
+			pages = append(pages, anonPage{vpn: start/pageSize + uint64(i/8), pfn: e & pfnMask, shared: e&excl == 0})
 		}
 	}
-	return vpns, exclusive, nil
+	return pages, nil
 }
 
 func main() {
@@ -124,11 +136,14 @@ func main() {
 	}
 	expect("ready")
 	pid := cmd.Process.Pid
-	before, shared, err := anonPages(pid)
+	before, err := anonPages(pid)
 	must(err)
 	nShared := 0
-	for _, s := range shared {
-		if !s {
+	for _, pg := range before {
+		if pg.shared {
+			if pg.pfn == 0 {
+				fatalf("/proc/%d/pagemap shows no page frame numbers (run as root)", pid)
+			}
 			nShared++
 		}
 	}
@@ -137,21 +152,24 @@ func main() {
 	if done := expect("done"); done != "done ok" {
 		fatalf("the pass's checksum is wrong: %q", done)
 	}
-	after, excl, err := anonPages(pid)
+	after, err := anonPages(pid)
 	must(err)
 	_, err = io.WriteString(stdin, "exit\n")
 	must(err)
 
-	wasShared := map[uint64]bool{}
-	for i, v := range before {
-		if !shared[i] {
-			wasShared[v] = true
+	// A page shared before the pass was written by it if the parent now
+	// maps another frame there (a write by the child would leave the
+	// parent's frame in place).
+	sharedFrame := map[uint64]uint64{}
+	for _, pg := range before {
+		if pg.shared {
+			sharedFrame[pg.vpn] = pg.pfn
 		}
 	}
 	written := map[uint64]bool{}
-	for i, v := range after {
-		if excl[i] && wasShared[v] {
-			written[v] = true
+	for _, pg := range after {
+		if pfn, ok := sharedFrame[pg.vpn]; ok && pg.pfn != pfn {
+			written[pg.vpn] = true
 		}
 	}
 	// Runs of written pages, and 2 MiB windows, over the pages that were
@@ -159,8 +177,9 @@ func main() {
 	const pagesPerWindow = 512
 	windows := map[uint64][2]int{} // window -> {shared pages, written pages}
 	runs, prevWritten, prevV := 0, false, uint64(0)
-	for _, v := range before {
-		if !wasShared[v] {
+	for _, pg := range before {
+		v := pg.vpn
+		if !pg.shared {
 			continue
 		}
 		w := windows[v/pagesPerWindow]

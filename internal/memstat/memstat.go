@@ -10,16 +10,19 @@
 // copies by pwrite), and until the guest touches such a page no process
 // maps it. It still takes memory (shmem), so summing Pss alone would
 // understate the fork's memory against upstream's. A MemoryFile belongs to
-// one sandbox, so its allocation (st_blocks) is all that sandbox's: the
-// Pss-based totals here (OfSandbox, Breakdown) add the part of it that no
-// process maps (UnmappedGuest). Page cache of files (base.img, upstream's
-// pages file) that no process maps is not counted, for either runtime: the
-// kernel reclaims it like any clean cache.
+// one sandbox, so its allocation (st_blocks) is all that sandbox's:
+// OfSandbox reports the part of it that no process maps beside the Pss
+// (Usage.Unmapped; Usage.Total is their sum), and Breakdown adds it to
+// KindGuest. Page cache of files (base.img, upstream's pages file) that no
+// process maps is not counted, for either runtime: the kernel reclaims it
+// like any clean cache.
 package memstat
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -30,7 +33,12 @@ import (
 
 // Usage is the memory of a set of processes, in KiB.
 type Usage struct {
+	// Rss, Pss and PrivateDirty are the kernel's (smaps_rollup), summed.
 	Rss, Pss, PrivateDirty uint64
+
+	// Unmapped is the part of the processes' MemoryFiles that no process
+	// maps, which Pss leaves out (OfSandbox only; see the package comment).
+	Unmapped uint64
 }
 
 // Add adds o to u.
@@ -38,6 +46,12 @@ func (u *Usage) Add(o Usage) {
 	u.Rss += o.Rss
 	u.Pss += o.Pss
 	u.PrivateDirty += o.PrivateDirty
+	u.Unmapped += o.Unmapped
+}
+
+// Total returns the memory the processes hold: Pss plus Unmapped.
+func (u Usage) Total() uint64 {
+	return u.Pss + u.Unmapped
 }
 
 // Rollup reads /proc/PID/smaps_rollup.
@@ -165,8 +179,9 @@ func SandboxPIDs(sentryPID, goferPID int) []int {
 }
 
 // OfSandbox measures the sandbox whose sentry is sentryPID and whose gofer
-// is goferPID (0 if none). Both Pss fields include the sandbox's MemoryFile
-// pages that no process maps (UnmappedGuest): the sentry owns the file.
+// is goferPID (0 if none). Both Usages include, as Unmapped, the sandbox's
+// MemoryFile pages that no process maps: the sentry owns the file. A sentry
+// that holds no MemoryFile is an error (nothing would be counted).
 func OfSandbox(sentryPID, goferPID int) (Sandbox, error) {
 	sentry, err := Rollup(sentryPID)
 	if err != nil {
@@ -177,12 +192,14 @@ func OfSandbox(sentryPID, goferPID int) (Sandbox, error) {
 	if err != nil {
 		return Sandbox{}, err
 	}
-	unmapped, err := UnmappedGuest(pids)
+	_, unmapped, files, err := breakdown(pids)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox of sentry %d: %w", sentryPID, err)
 	}
-	all.Pss += unmapped
-	sentry.Pss += unmapped
+	if files == 0 {
+		return Sandbox{}, fmt.Errorf("sentry %d holds no MemoryFile (an fd on %s)", sentryPID, guestFilePrefix)
+	}
+	all.Unmapped, sentry.Unmapped = unmapped, unmapped
 	return Sandbox{All: all, Sentry: sentry}, nil
 }
 
@@ -190,26 +207,38 @@ func OfSandbox(sentryPID, goferPID int) (Sandbox, error) {
 // /proc/PID/fd links and in smaps.
 const guestFilePrefix = "/memfd:runsc-memory"
 
-// guestAllocated returns the KiB allocated to the distinct MemoryFiles
-// (memfd "runsc-memory") that pids hold open, each file once.
-func guestAllocated(pids []int) uint64 {
+// guestAllocatedKiB returns the KiB allocated to the distinct MemoryFiles
+// (memfd "runsc-memory") that pids hold open, each file once, and how many
+// such files there are. A process that exits, or an fd closed, while it
+// reads is left out.
+func guestAllocatedKiB(pids []int) (kib uint64, files int, err error) {
+	gone := func(err error) bool { return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) }
 	type fileID struct{ dev, ino uint64 }
 	seen := map[fileID]bool{}
-	var kib uint64
 	for _, pid := range pids {
 		dir := fmt.Sprintf("/proc/%d/fd", pid)
 		entries, err := os.ReadDir(dir)
-		if err != nil {
-			continue // exited, or no such process
+		if gone(err) {
+			continue
+		} else if err != nil {
+			return 0, 0, err
 		}
 		for _, e := range entries {
 			fd := filepath.Join(dir, e.Name())
-			if link, err := os.Readlink(fd); err != nil || !strings.HasPrefix(link, guestFilePrefix) {
+			link, err := os.Readlink(fd)
+			if gone(err) {
+				continue
+			} else if err != nil {
+				return 0, 0, err
+			}
+			if !strings.HasPrefix(link, guestFilePrefix) {
 				continue
 			}
 			var st unix.Stat_t
-			if err := unix.Stat(fd, &st); err != nil {
-				continue // closed meanwhile
+			if err := unix.Stat(fd, &st); gone(err) {
+				continue
+			} else if err != nil {
+				return 0, 0, fmt.Errorf("stat %s: %w", fd, err)
 			}
 			id := fileID{uint64(st.Dev), st.Ino}
 			if seen[id] {
@@ -219,21 +248,26 @@ func guestAllocated(pids []int) uint64 {
 			kib += uint64(st.Blocks) * 512 / 1024
 		}
 	}
-	return kib
+	return kib, len(seen), nil
 }
 
-// UnmappedGuest returns the KiB of the MemoryFiles held by pids (one
-// sandbox's processes) that no process maps: their allocation less the Pss
-// of their mapped pages, which only that sandbox's processes map (see the
-// package comment). Pages that become mapped between the two reads make it
-// smaller by as much; it is never negative.
-func UnmappedGuest(pids []int) (uint64, error) {
-	byKind, err := pssByKind(pids)
+// breakdown returns the Pss, in KiB, of pids (one sandbox's processes) by
+// kind of memory, the KiB of their MemoryFiles that no process maps, and how
+// many MemoryFiles they hold. Those pages are the files' allocation less the
+// Pss of their mapped pages, which only that sandbox's processes map (see
+// the package comment). The allocation is read first: a page allocated and
+// mapped between the two reads then counts once, as mapped; one allocated
+// after both is not counted.
+func breakdown(pids []int) (byKind map[string]uint64, unmapped uint64, files int, err error) {
+	alloc, files, err := guestAllocatedKiB(pids)
 	if err != nil {
-		return 0, err
+		return nil, 0, 0, err
 	}
-	alloc := guestAllocated(pids)
-	return alloc - min(alloc, byKind[KindGuest]), nil
+	byKind, err = pssByKind(pids)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	return byKind, alloc - min(alloc, byKind[KindGuest]), files, nil
 }
 
 // Kinds of memory that Breakdown tells apart, by what a mapping maps.
@@ -313,16 +347,15 @@ func parseSmaps(s *bufio.Scanner, byKind map[string]uint64) error {
 // Breakdown returns the memory, in KiB, of pids (one sandbox's processes) by
 // kind (KindGuest, KindBase, KindPlatform, KindAnon, KindFile): their Pss,
 // counting each address space once, with the MemoryFile pages that no
-// process maps added to KindGuest (UnmappedGuest). Processes that exit while
-// it reads are left out.
-func Breakdown(pids []int) (map[string]uint64, error) {
-	byKind, err := pssByKind(pids)
+// process maps added to KindGuest; and those pages' KiB alone. Processes that
+// exit while it reads are left out.
+func Breakdown(pids []int) (byKind map[string]uint64, unmapped uint64, err error) {
+	byKind, unmapped, _, err = breakdown(pids)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	alloc := guestAllocated(pids)
-	byKind[KindGuest] = max(byKind[KindGuest], alloc)
-	return byKind, nil
+	byKind[KindGuest] += unmapped
+	return byKind, unmapped, nil
 }
 
 // pssByKind returns the Pss, in KiB, of pids by kind of memory, counting each

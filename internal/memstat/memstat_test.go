@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"os"
+	"os/exec"
 	"reflect"
 	"strings"
 	"testing"
@@ -65,7 +66,7 @@ Pss_Dirty:            16 kB
 // for this process: the kinds add up to smaps_rollup's Pss.
 func TestBreakdownMatchesRollup(t *testing.T) {
 	pid := os.Getpid()
-	byKind, err := Breakdown([]int{pid, pid})
+	byKind, _, err := Breakdown([]int{pid, pid})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,35 +89,47 @@ func TestBreakdownMatchesRollup(t *testing.T) {
 
 // TestUnmappedGuest checks that a MemoryFile's pages count whether or not a
 // process maps them: pages written with pwrite (as the fork's restore fills
-// a write set) are in Breakdown's KindGuest and in UnmappedGuest until they
-// are mapped, then in Pss and not counted twice.
+// a write set) are in Breakdown's KindGuest and in OfSandbox's Unmapped
+// until they are mapped, then in Pss, never twice, and a file held through
+// two descriptors (or listed under two pids) counts once.
 func TestUnmappedGuest(t *testing.T) {
-	fd, err := unix.MemfdCreate("runsc-memory", 0)
+	fd, err := unix.MemfdCreate("runsc-memory", unix.MFD_CLOEXEC)
 	if err != nil {
 		t.Fatalf("memfd_create: %v", err)
 	}
 	defer unix.Close(fd)
+	dup, err := unix.Dup(fd)
+	if err != nil {
+		t.Fatalf("dup: %v", err)
+	}
+	defer unix.Close(dup)
 	const size = 4 << 20
 	if _, err := unix.Pwrite(fd, bytes.Repeat([]byte{1}, size), 0); err != nil {
 		t.Fatalf("pwrite: %v", err)
 	}
-	pids := []int{os.Getpid()}
-	const slack = 256 // KiB: the test's own pages that move between reads
+	pid := os.Getpid()
 	check := func(step string, wantUnmapped uint64) {
 		t.Helper()
-		unmapped, err := UnmappedGuest(pids)
+		byKind, unmapped, err := Breakdown([]int{pid, pid})
 		if err != nil {
 			t.Fatal(err)
 		}
-		byKind, err := Breakdown(pids)
-		if err != nil {
-			t.Fatal(err)
+		// Only this memfd is KindGuest here: the numbers are exact.
+		if unmapped != wantUnmapped {
+			t.Errorf("%s: Breakdown's unmapped = %d KiB, want %d", step, unmapped, wantUnmapped)
 		}
-		if unmapped+slack < wantUnmapped || unmapped > wantUnmapped+slack {
-			t.Errorf("%s: UnmappedGuest = %d KiB, want %d", step, unmapped, wantUnmapped)
-		}
-		if g := byKind[KindGuest]; g < size/1024 || g > size/1024+slack {
+		if g := byKind[KindGuest]; g != size/1024 {
 			t.Errorf("%s: Breakdown's guest = %d KiB, want the file's %d KiB, mapped or not", step, g, size/1024)
+		}
+		sb, err := OfSandbox(pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.All.Unmapped != wantUnmapped || sb.Sentry.Unmapped != wantUnmapped {
+			t.Errorf("%s: OfSandbox's Unmapped = %d (all), %d (sentry) KiB, want %d", step, sb.All.Unmapped, sb.Sentry.Unmapped, wantUnmapped)
+		}
+		if sb.All.Total() != sb.All.Pss+wantUnmapped {
+			t.Errorf("%s: Total() = %d, want Pss %d + %d", step, sb.All.Total(), sb.All.Pss, wantUnmapped)
 		}
 	}
 	check("written, not mapped", size/1024)
@@ -127,4 +140,18 @@ func TestUnmappedGuest(t *testing.T) {
 	}
 	defer unix.Munmap(m)
 	check("a quarter mapped", 3*size/4/1024)
+}
+
+// TestOfSandboxWithoutMemoryFile checks that measuring a "sandbox" whose
+// sentry holds no MemoryFile fails rather than counting nothing for it.
+func TestOfSandboxWithoutMemoryFile(t *testing.T) {
+	cmd := exec.Command("sleep", "10")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("sleep: %v", err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	if _, err := OfSandbox(cmd.Process.Pid, 0); err == nil || !strings.Contains(err.Error(), "holds no MemoryFile") {
+		t.Errorf("OfSandbox of a process without a MemoryFile: %v, want an error naming the missing MemoryFile", err)
+	}
 }

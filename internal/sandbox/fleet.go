@@ -13,7 +13,8 @@ import (
 
 // Memory returns the memory of containers ids (each its own sandbox), summed:
 // all their processes (sentry, systrap stubs, gofer; each address space once)
-// and their sentries alone.
+// and their sentries alone, with their MemoryFile pages that no process maps
+// as Unmapped (memstat.OfSandbox; Usage.Total is the memory they hold).
 func (r *Runsc) Memory(ids ...string) (all, sentries memstat.Usage, err error) {
 	for _, id := range ids {
 		pid, err := r.SandboxPID(id)
@@ -30,45 +31,27 @@ func (r *Runsc) Memory(ids ...string) (all, sentries memstat.Usage, err error) {
 	return all, sentries, nil
 }
 
-// MemoryByKind returns the total Pss, in KiB, of containers ids (each its
-// own sandbox; all their processes, each address space once) by kind of
-// memory (memstat.KindGuest, KindBase, ...).
-func (r *Runsc) MemoryByKind(ids ...string) (map[string]uint64, error) {
-	total := map[string]uint64{}
+// MemoryByKind returns the memory, in KiB, of containers ids (each its own
+// sandbox; all their processes, each address space once) by kind
+// (memstat.KindGuest, KindBase, ...), and the part of KindGuest that is
+// MemoryFile pages no process maps (memstat.Breakdown), summed.
+func (r *Runsc) MemoryByKind(ids ...string) (byKind map[string]uint64, unmapped uint64, err error) {
+	byKind = map[string]uint64{}
 	for _, id := range ids {
 		pid, err := r.SandboxPID(id)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		byKind, err := memstat.Breakdown(memstat.SandboxPIDs(pid, r.GoferPID(id)))
+		k, u, err := memstat.Breakdown(memstat.SandboxPIDs(pid, r.GoferPID(id)))
 		if err != nil {
-			return nil, fmt.Errorf("container %s: %w", id, err)
+			return nil, 0, fmt.Errorf("container %s: %w", id, err)
 		}
-		for k, v := range byKind {
-			total[k] += v
+		for kind, v := range k {
+			byKind[kind] += v
 		}
+		unmapped += u
 	}
-	return total, nil
-}
-
-// UnmappedGuest returns the KiB of the MemoryFiles of containers ids (each
-// its own sandbox) that no process maps, summed (memstat.UnmappedGuest):
-// the part of Memory's and MemoryByKind's guest memory that Pss alone would
-// leave out.
-func (r *Runsc) UnmappedGuest(ids ...string) (uint64, error) {
-	var total uint64
-	for _, id := range ids {
-		pid, err := r.SandboxPID(id)
-		if err != nil {
-			return 0, err
-		}
-		u, err := memstat.UnmappedGuest(memstat.SandboxPIDs(pid, r.GoferPID(id)))
-		if err != nil {
-			return 0, fmt.Errorf("container %s: %w", id, err)
-		}
-		total += u
-	}
-	return total, nil
+	return byKind, unmapped, nil
 }
 
 // WriteSetPath returns where the fork keeps the write set of the base that

@@ -81,10 +81,16 @@ func PyAgentArgs(entries int, interval time.Duration, extra ...string) []string 
 	return append(args, extra...)
 }
 
+// PyAgentHolderCtl is the command file of the child that the agent's "hold"
+// command forks (the default: the agent's own command file plus ".child").
+const PyAgentHolderCtl = "/tmp/ctl.child"
+
 // PyAgentSend returns the command that, run in a pyagent sandbox with
-// `runsc exec ID ...`, hands cmd ("mark", "fork", "dump") to the agent.
-func PyAgentSend(cmd string) []string {
-	return []string{"/usr/bin/python3", PyAgentPath, "--send", cmd}
+// `runsc exec ID ...`, hands cmd ("mark", "fork", "hold", "dump") to the
+// agent; extra flags go to agent.py (e.g. "--ctl", PyAgentHolderCtl, for
+// the holder child's commands).
+func PyAgentSend(cmd string, extra ...string) []string {
+	return append([]string{"/usr/bin/python3", PyAgentPath, "--send", cmd}, extra...)
 }
 
 // NewPyAgentBundle creates an OCI bundle in dir that runs the pyagent

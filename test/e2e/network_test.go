@@ -128,15 +128,14 @@ func TestNetworkClones(t *testing.T) {
 }
 
 // waitLine waits for a line of the output file out, from line index from,
-// that starts with prefix, and returns it and the index of the line after
-// it.
+// that starts with prefix, and returns it and its index (as waitTick does).
 func waitLine(t *testing.T, out string, from int, prefix string) (string, int) {
 	t.Helper()
-	l, idx, err := sandbox.WaitForLine(out, from, 60*time.Second, func(l string) bool { return strings.HasPrefix(l, prefix) })
+	l, idx, err := sandbox.WaitForLine(out, from, 30*time.Second, func(l string) bool { return strings.HasPrefix(l, prefix) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l, idx + 1
+	return l, idx
 }
 
 // whoami returns the addresses of the kvserver that c talks to.

@@ -9,8 +9,9 @@ deterministic seed:
 (seven objects per entry: the dict, its int, str, float, list and two
 tag strings). Every tick the agent iterates over all of them to compute a
 checksum. Reading an object in CPython writes its reference count, so each
-tick writes to every page of the state: after a restore from a shared base,
-the agent un-shares its whole heap within one tick. That is the point of
+tick writes to most pages of the state (61% of them at the default size,
+spread over nearly every 2 MiB of it: bench/pywrites): after a restore from
+a shared base, the agent un-shares most of its heap within one tick. That is the point of
 this workload (DESIGN.md 4.5); the Go tick workload only reads.
 
 Output: one line once the state is built, then one line per tick, in the
@@ -42,8 +43,9 @@ writes CMD there atomically (for `runsc exec`).
           ".child") one at a time; it prints "holder ready" first. This
           process then reads only the first LIGHT_ENTRIES entries every
           tick (its tick lines check those), so that the two keep
-          sharing the rest until the child writes it. The child's
-          commands:
+          sharing the rest until the child writes it; once the child has
+          exited, it prints "holder exited status=N" and its ticks read
+          every entry again. The child's commands:
             pass P  read (and so write) the first P% of the entries once;
                     prints "holder pass=P ms=MS"
             check   a full checksum pass; prints "holder sum=ok|BAD mark=HEX"
@@ -58,6 +60,7 @@ import os
 import random
 import sys
 import time
+import traceback
 
 MASK = (1 << 64) - 1
 
@@ -138,6 +141,7 @@ def hold(state, ctl):
     pid = os.fork()
     if pid != 0:
         return pid
+    status = 0
     try:
         out("holder ready")
         while True:
@@ -149,7 +153,7 @@ def hold(state, ctl):
             except FileNotFoundError:
                 time.sleep(0.05)
                 continue
-            if cmd[:1] == ["pass"] and len(cmd) == 2:
+            if cmd[:1] == ["pass"] and len(cmd) == 2 and cmd[1].isdigit():
                 start = time.monotonic()
                 state.checksum(len(state.items) * int(cmd[1]) // 100)
                 out("holder pass=%s ms=%.1f" % (cmd[1], (time.monotonic() - start) * 1000.0))
@@ -160,8 +164,13 @@ def hold(state, ctl):
                 break
             else:
                 out("holder: unknown command %r" % " ".join(cmd))
+    except BaseException:
+        traceback.print_exc()
+        status = 1
     finally:
-        os._exit(0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def out(line):
@@ -176,9 +185,11 @@ async def run(state, args, interval):
     while True:
         if holder:
             try:
-                if os.waitpid(holder, os.WNOHANG)[0] == holder:
-                    holder = 0
+                pid, status = os.waitpid(holder, os.WNOHANG)
             except ChildProcessError:
+                pid, status = holder, -1
+            if pid == holder:
+                out("holder exited status=%d" % (os.waitstatus_to_exitcode(status) if status >= 0 else -1))
                 holder = 0
         # Take the command file by renaming it, so that a command sent while
         # this one is read is not removed with it.
