@@ -114,9 +114,9 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			must(err)
 			createCPU[i] = cpu
 		}
-		pool, _, err := r.Memory(ids...)
+		pool, err := r.Memory(ids...)
 		must(err)
-		res.PoolPssMiB = float64(pool.Total()) / 1024
+		res.PoolPssMiB = float64(pool.All.Total()) / 1024
 	}
 	errs := make([]error, n)
 	ends := make([]time.Time, n)
@@ -168,9 +168,9 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 	for _, out := range outs {
 		waitFullPass(out, heapMiB, 4)
 	}
-	all, _, err := r.Memory(ids...)
+	m, err := r.Memory(ids...)
 	must(err)
-	res.TotalPssMiB = float64(all.Total()) / 1024
+	res.TotalPssMiB = float64(m.All.Total()) / 1024
 	return res
 }
 

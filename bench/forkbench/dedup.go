@@ -156,9 +156,9 @@ func sandboxGroup(dir string, rt runtimeConfig, n, payloadMiB int) *dedupGroup {
 		}
 	}
 	g.pss = func() float64 {
-		all, _, err := r.Memory(ids...)
+		m, err := r.Memory(ids...)
 		must(err)
-		return float64(all.Total()) / 1024
+		return float64(m.All.Total()) / 1024
 	}
 	g.close = func() {
 		r.Cleanup()

@@ -6,10 +6,11 @@ import (
 	"path/filepath"
 
 	"github.com/forkvisor/forkvisor/internal/memstat"
+	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
 // DensityResult is one runtime's density ceiling: clones of one parked
-// sandbox added one at a time until their total Pss passes a budget.
+// sandbox added one at a time until their total memory passes a budget.
 type DensityResult struct {
 	Runtime   string `json:"runtime"`
 	HeapMiB   int    `json:"heap_mib"`
@@ -51,6 +52,7 @@ func densityOne(base string, rt runtimeConfig, heapMiB, budgetMiB, maxClones int
 
 	res := DensityResult{Runtime: rt.name, HeapMiB: heapMiB, BudgetMiB: budgetMiB, MaxClones: maxClones, Clones: maxClones}
 	var ids []string
+	var m sandbox.FleetMemory
 	for i := 0; i < maxClones; i++ {
 		id, out := fmt.Sprintf("clone%d", i), filepath.Join(base, fmt.Sprintf("clone%d.out", i))
 		_, _, err := r.RestoreFirstTick(p.bundle, id, p.image, out, rt.restoreArgs...)
@@ -62,9 +64,9 @@ func densityOne(base string, rt runtimeConfig, heapMiB, budgetMiB, maxClones int
 			// later clones idle after their first tick.
 			waitFullPass(out, heapMiB, checkMiB)
 		}
-		all, _, err := r.Memory(ids...)
+		m, err = r.Memory(ids...)
 		must(err)
-		pss := float64(all.Total()) / 1024
+		pss := float64(m.All.Total()) / 1024
 		res.PssMiB = append(res.PssMiB, pss)
 		if pss > float64(budgetMiB) {
 			res.Clones = i
@@ -75,9 +77,7 @@ func densityOne(base string, rt runtimeConfig, heapMiB, budgetMiB, maxClones int
 		res.MarginalMiB = (res.PssMiB[n-1] - res.PssMiB[0]) / float64(n-1)
 		res.ClonesPerGiB = 1024 / res.MarginalMiB
 	}
-	byKind, _, err := r.MemoryByKind(ids...)
-	must(err)
-	res.PerCloneByKindMiB = kindsMiB(byKind, len(ids))
+	res.PerCloneByKindMiB = kindsMiB(m.ByKind, len(ids))
 	return res
 }
 

@@ -158,7 +158,7 @@ type Result struct {
 	TotalRssMiB    float64   `json:"total_rss_mib"`
 	PerClonePssMiB float64   `json:"per_clone_pss_mib"`
 	PssSamplesMiB  []float64 `json:"pss_samples_mib,omitempty"` // total Pss of each repeat
-	// PssByKindMiB is the total memory by kind (memstat.Breakdown: guest
+	// PssByKindMiB is the total memory by kind (memstat.Sandbox.ByKind: guest
 	// memory file, with its unmapped pages, base, platform, anon, file) of
 	// the last repeat.
 	PssByKindMiB map[string]float64 `json:"pss_by_kind_mib,omitempty"`
@@ -503,16 +503,15 @@ func clones(dir string, rt runtimeConfig, sc cloneScenario, repark bool) (Result
 			fatalf("%s %s: clone heap corrupt: %s", rt.name, sc.name, line)
 		}
 	}
-	all, sentries, err := r.Memory(ids...)
+	m, err := r.Memory(ids...)
 	must(err)
+	all, sentries := m.All, m.Sentries
 	res.TotalPssMiB = float64(all.Total()) / 1024
 	res.TotalRssMiB = float64(all.Rss) / 1024
 	res.SentryPssMiB = float64(sentries.Total()) / 1024
 	res.PerClonePssMiB = res.TotalPssMiB / float64(sc.n)
-	byKind, unmapped, err := r.MemoryByKind(ids...)
-	must(err)
-	res.PssByKindMiB = kindsMiB(byKind, 1)
-	res.UnmappedGuestMiB = float64(unmapped) / 1024
+	res.PssByKindMiB = kindsMiB(m.ByKind, 1)
+	res.UnmappedGuestMiB = float64(all.Unmapped) / 1024
 
 	var reparkRes *Result
 	if repark {

@@ -12,8 +12,8 @@
 // understate the fork's memory against upstream's. A MemoryFile belongs to
 // one sandbox, so its allocation (st_blocks) is all that sandbox's:
 // OfSandbox reports the part of it that no process maps beside the Pss
-// (Usage.Unmapped; Usage.Total is their sum), and Breakdown adds it to
-// KindGuest. Page cache of files (base.img, upstream's pages file) that no
+// (Usage.Unmapped; Usage.Total is their sum), and adds it to KindGuest in
+// its memory by kind (Sandbox.ByKind). Page cache of files (base.img, upstream's pages file) that no
 // process maps is not counted, for either runtime: the kernel reclaims it
 // like any clean cache.
 package memstat
@@ -162,9 +162,15 @@ func Processes(pids []int) (Usage, error) {
 	return total, nil
 }
 
-// Sandbox is the memory of one sandbox: all processes and the sentry alone.
+// Sandbox is the memory of one sandbox: all processes and the sentry alone,
+// and all processes' memory by kind.
 type Sandbox struct {
 	All, Sentry Usage
+
+	// ByKind is the memory of all processes, in KiB, by kind (KindGuest,
+	// ...): their Pss, each address space once, with the unmapped pages
+	// added to KindGuest.
+	ByKind map[string]uint64
 }
 
 // SandboxPIDs returns the processes of the sandbox whose sentry is
@@ -179,9 +185,10 @@ func SandboxPIDs(sentryPID, goferPID int) []int {
 }
 
 // OfSandbox measures the sandbox whose sentry is sentryPID and whose gofer
-// is goferPID (0 if none). Both Usages include, as Unmapped, the sandbox's
-// MemoryFile pages that no process maps: the sentry owns the file. A sentry
-// that holds no MemoryFile is an error (nothing would be counted).
+// is goferPID (0 if none), with one read of each process's smaps_rollup and
+// smaps. Both Usages include, as Unmapped, the sandbox's MemoryFile pages
+// that no process maps: the sentry owns the file. A sentry that holds no
+// MemoryFile is an error (nothing would be counted).
 func OfSandbox(sentryPID, goferPID int) (Sandbox, error) {
 	sentry, err := Rollup(sentryPID)
 	if err != nil {
@@ -192,15 +199,16 @@ func OfSandbox(sentryPID, goferPID int) (Sandbox, error) {
 	if err != nil {
 		return Sandbox{}, err
 	}
-	_, unmapped, files, err := breakdown(pids)
+	byKind, unmapped, files, err := breakdown(pids)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox of sentry %d: %w", sentryPID, err)
 	}
 	if files == 0 {
 		return Sandbox{}, fmt.Errorf("sentry %d holds no MemoryFile (an fd on %s)", sentryPID, guestFilePrefix)
 	}
+	byKind[KindGuest] += unmapped
 	all.Unmapped, sentry.Unmapped = unmapped, unmapped
-	return Sandbox{All: all, Sentry: sentry}, nil
+	return Sandbox{All: all, Sentry: sentry, ByKind: byKind}, nil
 }
 
 // guestFilePrefix is how /proc names a sentry's main MemoryFile, in
@@ -270,11 +278,11 @@ func breakdown(pids []int) (byKind map[string]uint64, unmapped uint64, files int
 	return byKind, alloc - min(alloc, byKind[KindGuest]), files, nil
 }
 
-// Kinds of memory that Breakdown tells apart, by what a mapping maps.
+// Kinds of memory that Sandbox.ByKind tells apart, by what a mapping maps.
 const (
 	// KindGuest is the sentry's main MemoryFile (memfd "runsc-memory"):
 	// the guest's private pages, mapped by the sentry and the stubs, and
-	// (in Breakdown) the pages of it that no process maps.
+	// (in Sandbox.ByKind) the pages of it that no process maps.
 	KindGuest = "guest"
 	// KindBase is a shared base (a file named base.img), mapped read-only
 	// by the sentry and the stubs of every clone over it.
@@ -342,20 +350,6 @@ func parseSmaps(s *bufio.Scanner, byKind map[string]uint64) error {
 		byKind[kind] += v
 	}
 	return s.Err()
-}
-
-// Breakdown returns the memory, in KiB, of pids (one sandbox's processes) by
-// kind (KindGuest, KindBase, KindPlatform, KindAnon, KindFile): their Pss,
-// counting each address space once, with the MemoryFile pages that no
-// process maps added to KindGuest; and those pages' KiB alone. Processes that
-// exit while it reads are left out.
-func Breakdown(pids []int) (byKind map[string]uint64, unmapped uint64, err error) {
-	byKind, unmapped, _, err = breakdown(pids)
-	if err != nil {
-		return nil, 0, err
-	}
-	byKind[KindGuest] += unmapped
-	return byKind, unmapped, nil
 }
 
 // pssByKind returns the Pss, in KiB, of pids by kind of memory, counting each

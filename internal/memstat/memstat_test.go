@@ -62,11 +62,11 @@ Pss_Dirty:            16 kB
 	}
 }
 
-// TestBreakdownMatchesRollup checks Breakdown against the kernel's own sum
+// TestBreakdownMatchesRollup checks pssByKind against the kernel's own sum
 // for this process: the kinds add up to smaps_rollup's Pss.
 func TestBreakdownMatchesRollup(t *testing.T) {
 	pid := os.Getpid()
-	byKind, _, err := Breakdown([]int{pid, pid})
+	byKind, err := pssByKind([]int{pid, pid})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,16 +80,16 @@ func TestBreakdownMatchesRollup(t *testing.T) {
 	}
 	// The two reads are moments apart; allow this process's heap to move.
 	if diff := int64(sum) - int64(roll.Pss); diff > 2048 || diff < -2048 {
-		t.Errorf("Breakdown sums to %d KiB, smaps_rollup says %d KiB", sum, roll.Pss)
+		t.Errorf("pssByKind sums to %d KiB, smaps_rollup says %d KiB", sum, roll.Pss)
 	}
 	if byKind[KindAnon] == 0 || byKind[KindFile] == 0 {
-		t.Errorf("Breakdown = %v: want anonymous memory and this test binary's text", byKind)
+		t.Errorf("pssByKind = %v: want anonymous memory and this test binary's text", byKind)
 	}
 }
 
 // TestUnmappedGuest checks that a MemoryFile's pages count whether or not a
 // process maps them: pages written with pwrite (as the fork's restore fills
-// a write set) are in Breakdown's KindGuest and in OfSandbox's Unmapped
+// a write set) are in OfSandbox's KindGuest and Unmapped
 // until they are mapped, then in Pss, never twice, and a file held through
 // two descriptors (or listed under two pids) counts once.
 func TestUnmappedGuest(t *testing.T) {
@@ -110,20 +110,20 @@ func TestUnmappedGuest(t *testing.T) {
 	pid := os.Getpid()
 	check := func(step string, wantUnmapped uint64) {
 		t.Helper()
-		byKind, unmapped, err := Breakdown([]int{pid, pid})
+		_, unmapped, files, err := breakdown([]int{pid, pid})
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Only this memfd is KindGuest here: the numbers are exact.
-		if unmapped != wantUnmapped {
-			t.Errorf("%s: Breakdown's unmapped = %d KiB, want %d", step, unmapped, wantUnmapped)
-		}
-		if g := byKind[KindGuest]; g != size/1024 {
-			t.Errorf("%s: Breakdown's guest = %d KiB, want the file's %d KiB, mapped or not", step, g, size/1024)
+		if unmapped != wantUnmapped || files != 1 {
+			t.Errorf("%s: breakdown's unmapped = %d KiB in %d files, want %d in one", step, unmapped, files, wantUnmapped)
 		}
 		sb, err := OfSandbox(pid, 0)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if g := sb.ByKind[KindGuest]; g != size/1024 {
+			t.Errorf("%s: OfSandbox's guest = %d KiB, want the file's %d KiB, mapped or not", step, g, size/1024)
 		}
 		if sb.All.Unmapped != wantUnmapped || sb.Sentry.Unmapped != wantUnmapped {
 			t.Errorf("%s: OfSandbox's Unmapped = %d (all), %d (sentry) KiB, want %d", step, sb.All.Unmapped, sb.Sentry.Unmapped, wantUnmapped)

@@ -11,47 +11,39 @@ import (
 	"github.com/forkvisor/forkvisor/internal/writeset"
 )
 
-// Memory returns the memory of containers ids (each its own sandbox), summed:
-// all their processes (sentry, systrap stubs, gofer; each address space once)
-// and their sentries alone, with their MemoryFile pages that no process maps
-// as Unmapped (memstat.OfSandbox; Usage.Total is the memory they hold).
-func (r *Runsc) Memory(ids ...string) (all, sentries memstat.Usage, err error) {
-	for _, id := range ids {
-		pid, err := r.SandboxPID(id)
-		if err != nil {
-			return all, sentries, err
-		}
-		m, err := memstat.OfSandbox(pid, r.GoferPID(id))
-		if err != nil {
-			return all, sentries, fmt.Errorf("container %s: %w", id, err)
-		}
-		all.Add(m.All)
-		sentries.Add(m.Sentry)
-	}
-	return all, sentries, nil
+// FleetMemory is the memory of a set of sandboxes, summed.
+type FleetMemory struct {
+	// All is every process of the sandboxes (sentry, systrap stubs, gofer;
+	// each address space once), Sentries their sentries alone; both with
+	// the MemoryFile pages that no process maps as Unmapped (Total is the
+	// memory they hold).
+	All, Sentries memstat.Usage
+
+	// ByKind is All's memory, in KiB, by kind (memstat.KindGuest, ...), the
+	// unmapped pages in KindGuest.
+	ByKind map[string]uint64
 }
 
-// MemoryByKind returns the memory, in KiB, of containers ids (each its own
-// sandbox; all their processes, each address space once) by kind
-// (memstat.KindGuest, KindBase, ...), and the part of KindGuest that is
-// MemoryFile pages no process maps (memstat.Breakdown), summed.
-func (r *Runsc) MemoryByKind(ids ...string) (byKind map[string]uint64, unmapped uint64, err error) {
-	byKind = map[string]uint64{}
+// Memory returns the memory of containers ids, each its own sandbox
+// (memstat.OfSandbox), summed.
+func (r *Runsc) Memory(ids ...string) (FleetMemory, error) {
+	m := FleetMemory{ByKind: map[string]uint64{}}
 	for _, id := range ids {
 		pid, err := r.SandboxPID(id)
 		if err != nil {
-			return nil, 0, err
+			return FleetMemory{}, err
 		}
-		k, u, err := memstat.Breakdown(memstat.SandboxPIDs(pid, r.GoferPID(id)))
+		sb, err := memstat.OfSandbox(pid, r.GoferPID(id))
 		if err != nil {
-			return nil, 0, fmt.Errorf("container %s: %w", id, err)
+			return FleetMemory{}, fmt.Errorf("container %s: %w", id, err)
 		}
-		for kind, v := range k {
-			byKind[kind] += v
+		m.All.Add(sb.All)
+		m.Sentries.Add(sb.Sentry)
+		for kind, v := range sb.ByKind {
+			m.ByKind[kind] += v
 		}
-		unmapped += u
 	}
-	return byKind, unmapped, nil
+	return m, nil
 }
 
 // WriteSetPath returns where the fork keeps the write set of the base that

@@ -289,11 +289,11 @@ func TestContainerdSharedBaseClones(t *testing.T) {
 	// Sharing: the clones together fit in one base and 48 MiB each (as in
 	// TestSharedBaseReadersShareMemory); 4 private copies do not.
 	r := c.Runsc(binary(t, "runsc"))
-	all, _, err := r.Memory(ids...)
+	m, err := r.Memory(ids...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pss := float64(all.Total()) / 1024
+	pss := float64(m.All.Total()) / 1024
 	bound := float64(mib + clones*48)
 	t.Logf("%d clones of a %d MiB task restored through containerd: total memory %.1f MiB (bound %.0f)", clones, mib, pss, bound)
 	if pss > bound {

@@ -123,11 +123,11 @@ func TestSharedBaseBulkCopySparesForkRelatives(t *testing.T) {
 	if !spared {
 		t.Errorf("the child's dense writes should have led to a bulk copy that spares what its parent maps (debug logs in %s)", logs)
 	}
-	byKind, _, err := r.MemoryByKind("pair")
+	m, err := r.Memory("pair")
 	if err != nil {
 		t.Fatal(err)
 	}
-	guest := float64(byKind[memstat.KindGuest]) / 1024
+	guest := float64(m.ByKind[memstat.KindGuest]) / 1024
 	t.Logf("the child read (and so wrote) the first %d%% of the entries: the clone's MemoryFile holds %.1f MiB, the base %.1f MiB (bound %.0f%% of it)", pct, guest, baseMiB, bound*100)
 	if guest > bound*baseMiB {
 		t.Errorf("the clone's MemoryFile holds %.1f MiB after its child wrote the first %d%% of the entries, above %.0f%% of the %.1f MiB base: the bulk copy copied pages that the parent still shares", guest, pct, bound*100, baseMiB)

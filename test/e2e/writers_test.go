@@ -23,14 +23,12 @@ import (
 // their MemoryFile pages that no process maps (memstat.Usage.Total).
 func fleetPss(t *testing.T, r *sandbox.Runsc, ids []string) float64 {
 	t.Helper()
-	all, _, err := r.Memory(ids...)
+	m, err := r.Memory(ids...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if byKind, unmapped, err := r.MemoryByKind(ids...); err == nil {
-		t.Logf("%s: total memory by kind (KiB): %v (of guest, no process maps %d)", filepath.Base(r.Bin), byKind, unmapped)
-	}
-	return float64(all.Total()) / 1024
+	t.Logf("%s: total memory by kind (KiB): %v (of guest, no process maps %d)", filepath.Base(r.Bin), m.ByKind, m.All.Unmapped)
+	return float64(m.All.Total()) / 1024
 }
 
 // waitFullCheck waits until the tick workload in out has checked its whole
