@@ -213,6 +213,38 @@ func main() {
 		len(written), 100*float64(len(written))/float64(max(nShared, 1)), mib(len(written)), runs, mib(nShared-len(written)))
 	fmt.Printf("2 MiB windows holding such pages: %d; with a written page: %d; at least 3/4 written: %d; wholly written: %d\n",
 		len(windows), touched, mostly+whole, whole)
+
+	// What a copy-on-write scheme that copies aligned windows of each size
+	// would copy, and how many runs of copied windows (each a mapping of its
+	// own between shared ones) it would leave.
+	fmt.Printf("%-8s %12s %14s %8s\n", "window", "copied_MiB", "of_written", "runs")
+	for _, size := range []uint64{1, 4, 16, 64, 256, pagesPerWindow} {
+		copied, runs := windowCopy(before, written, size)
+		fmt.Printf("%-8s %12.1f %13.2fx %8d\n", fmt.Sprintf("%dK", size*pageSize/1024), mib(copied), float64(copied)/float64(max(len(written), 1)), runs)
+	}
+}
+
+// windowCopy returns the number of shared pages that lie in aligned windows
+// of size pages holding a written page, and the number of runs of
+// consecutive such windows.
+func windowCopy(pages []anonPage, written map[uint64]bool, size uint64) (copied, runs int) {
+	dirty := map[uint64]bool{}
+	for v := range written {
+		dirty[v/size] = true
+	}
+	prev, inRun := uint64(0), false
+	for _, pg := range pages {
+		if !pg.shared || !dirty[pg.vpn/size] {
+			inRun = false
+			continue
+		}
+		copied++
+		if w := pg.vpn / size; !inRun || (w != prev && w != prev+1) {
+			runs++
+		}
+		prev, inRun = pg.vpn/size, true
+	}
+	return copied, runs
 }
 
 func must(err error) {
