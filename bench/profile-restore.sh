@@ -30,5 +30,7 @@ sleep 4
 for _ in $(seq 100); do "$runsc" "${G[@]}" state c1 >/dev/null 2>&1 && break; sleep 0.02; done
 "$runsc" "${G[@]}" debug --profile-cpu="$work/cpu.prof" --duration=2s c1 >/dev/null
 wait
+# A writer's first tick can come after the profile ends.
+for _ in $(seq 500); do grep -a -q 'tick=' "$work/c1.out" && break; sleep 0.02; done
 grep -a -m1 -o 'tick=[0-9]* mib=[0-9]* sum=[a-z]*' "$work/c1.out" || { echo "profile-restore: the clone printed no tick" >&2; exit 1; }
 (cd "$top/build/gvisor" && go tool pprof -top -cum "$runsc" "$work/cpu.prof" 2>/dev/null | sed -n '1,25p')

@@ -225,8 +225,10 @@ func main() {
 }
 
 // windowCopy returns the number of shared pages that lie in aligned windows
-// of size pages holding a written page, and the number of runs of
-// consecutive such windows.
+// of size pages holding a written page, and the number of runs of such
+// windows: a run ends at a shared page of a window without writes, or where
+// the next copied window is not adjacent. (Pages that were not shared, which
+// no scheme copies, neither end nor count in a run.)
 func windowCopy(pages []anonPage, written map[uint64]bool, size uint64) (copied, runs int) {
 	dirty := map[uint64]bool{}
 	for v := range written {
@@ -234,7 +236,10 @@ func windowCopy(pages []anonPage, written map[uint64]bool, size uint64) (copied,
 	}
 	prev, inRun := uint64(0), false
 	for _, pg := range pages {
-		if !pg.shared || !dirty[pg.vpn/size] {
+		if !pg.shared {
+			continue
+		}
+		if !dirty[pg.vpn/size] {
 			inRun = false
 			continue
 		}
