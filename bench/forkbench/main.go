@@ -163,8 +163,8 @@ type Result struct {
 	// the last repeat.
 	PssByKindMiB map[string]float64 `json:"pss_by_kind_mib,omitempty"`
 	// UnmappedGuestMiB is the part of the guest kind, and of TotalPssMiB,
-	// that is MemoryFile pages no process maps (memstat.UnmappedGuest), read
-	// just after them.
+	// that is MemoryFile pages no process maps (memstat.Usage.Unmapped, from
+	// the same measurement).
 	UnmappedGuestMiB float64 `json:"unmapped_guest_mib,omitempty"`
 
 	LayerMiB      int   `json:"layer_mib,omitempty"`

@@ -172,27 +172,22 @@ func main() {
 			written[pg.vpn] = true
 		}
 	}
-	// Runs of written pages, and 2 MiB windows, over the pages that were
-	// shared before the pass.
+	// 2 MiB windows over the pages that were shared before the pass, and
+	// runs of written pages (windows of one page).
 	const pagesPerWindow = 512
 	windows := map[uint64][2]int{} // window -> {shared pages, written pages}
-	runs, prevWritten, prevV := 0, false, uint64(0)
 	for _, pg := range before {
-		v := pg.vpn
 		if !pg.shared {
 			continue
 		}
-		w := windows[v/pagesPerWindow]
+		w := windows[pg.vpn/pagesPerWindow]
 		w[0]++
-		if written[v] {
+		if written[pg.vpn] {
 			w[1]++
-			if !prevWritten || v != prevV+1 {
-				runs++
-			}
 		}
-		windows[v/pagesPerWindow] = w
-		prevWritten, prevV = written[v], v
+		windows[pg.vpn/pagesPerWindow] = w
 	}
+	_, runs := windowCopy(before, written, 1)
 	var touched, mostly, whole int
 	for _, w := range windows {
 		switch {

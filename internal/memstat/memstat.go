@@ -185,30 +185,19 @@ func SandboxPIDs(sentryPID, goferPID int) []int {
 }
 
 // OfSandbox measures the sandbox whose sentry is sentryPID and whose gofer
-// is goferPID (0 if none), with one read of each process's smaps_rollup and
-// smaps. Both Usages include, as Unmapped, the sandbox's MemoryFile pages
-// that no process maps: the sentry owns the file. A sentry that holds no
-// MemoryFile is an error (nothing would be counted).
+// is goferPID (0 if none), with one read of each process's smaps (measure).
+// Both Usages include, as Unmapped, the sandbox's MemoryFile pages that no
+// process maps: the sentry owns the file. A sentry that holds no MemoryFile
+// is an error (nothing would be counted).
 func OfSandbox(sentryPID, goferPID int) (Sandbox, error) {
-	sentry, err := Rollup(sentryPID)
-	if err != nil {
-		return Sandbox{}, fmt.Errorf("sentry %d: %w", sentryPID, err)
-	}
-	pids := SandboxPIDs(sentryPID, goferPID)
-	all, err := Processes(pids)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	byKind, unmapped, files, err := breakdown(pids)
+	sb, files, err := measure(sentryPID, SandboxPIDs(sentryPID, goferPID))
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox of sentry %d: %w", sentryPID, err)
 	}
 	if files == 0 {
 		return Sandbox{}, fmt.Errorf("sentry %d holds no MemoryFile (an fd on %s)", sentryPID, guestFilePrefix)
 	}
-	byKind[KindGuest] += unmapped
-	all.Unmapped, sentry.Unmapped = unmapped, unmapped
-	return Sandbox{All: all, Sentry: sentry, ByKind: byKind}, nil
+	return sb, nil
 }
 
 // guestFilePrefix is how /proc names a sentry's main MemoryFile, in
@@ -259,23 +248,60 @@ func guestAllocatedKiB(pids []int) (kib uint64, files int, err error) {
 	return kib, len(seen), nil
 }
 
-// breakdown returns the Pss, in KiB, of pids (one sandbox's processes) by
-// kind of memory, the KiB of their MemoryFiles that no process maps, and how
-// many MemoryFiles they hold. Those pages are the files' allocation less the
-// Pss of their mapped pages, which only that sandbox's processes map (see
-// the package comment). The allocation is read first: a page allocated and
-// mapped between the two reads then counts once, as mapped; one allocated
-// after both is not counted.
-func breakdown(pids []int) (byKind map[string]uint64, unmapped uint64, files int, err error) {
+// measure returns the memory of pids (one sandbox's processes, sentryPID
+// among them) from one read of each address space's smaps: All and Sentry,
+// and All by kind, each with the KiB of the sandbox's MemoryFiles that no
+// process maps (those files' allocation less the Pss of their mapped
+// pages, which only that sandbox's processes map: see the package comment)
+// as Unmapped and in KindGuest; and how many MemoryFiles pids hold. The
+// allocation is read first: a page allocated and mapped between the two
+// reads then counts once, as mapped; one allocated after both is not
+// counted. Processes that exit while it reads are left out, except the
+// sentry.
+func measure(sentryPID int, pids []int) (sb Sandbox, files int, err error) {
 	alloc, files, err := guestAllocatedKiB(pids)
 	if err != nil {
-		return nil, 0, 0, err
+		return Sandbox{}, 0, err
 	}
-	byKind, err = pssByKind(pids)
-	if err != nil {
-		return nil, 0, 0, err
+	sb.ByKind = map[string]uint64{}
+	sentrySeen := false
+	var parseErr error
+	eachAddressSpace(pids, func(pid int) bool {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+		if err != nil {
+			return false
+		}
+		defer f.Close()
+		perPID := map[string]uint64{}
+		u, err := parseSmaps(bufio.NewScanner(f), perPID)
+		if err != nil {
+			if _, statErr := os.Stat(fmt.Sprintf("/proc/%d", pid)); statErr != nil {
+				return false // it exited while we read
+			}
+			if parseErr == nil {
+				parseErr = fmt.Errorf("/proc/%d/smaps: %w", pid, err)
+			}
+			return false
+		}
+		sb.All.Add(u)
+		for k, v := range perPID {
+			sb.ByKind[k] += v
+		}
+		if pid == sentryPID {
+			sb.Sentry, sentrySeen = u, true
+		}
+		return true
+	})
+	if parseErr != nil {
+		return Sandbox{}, 0, parseErr
 	}
-	return byKind, alloc - min(alloc, byKind[KindGuest]), files, nil
+	if !sentrySeen {
+		return Sandbox{}, 0, fmt.Errorf("sentry %d: its smaps could not be read (it exited?)", sentryPID)
+	}
+	unmapped := alloc - min(alloc, sb.ByKind[KindGuest])
+	sb.ByKind[KindGuest] += unmapped
+	sb.All.Unmapped, sb.Sentry.Unmapped = unmapped, unmapped
+	return sb, files, nil
 }
 
 // Kinds of memory that Sandbox.ByKind tells apart, by what a mapping maps.
@@ -314,8 +340,10 @@ func mappingKind(path string) string {
 }
 
 // parseSmaps adds the Pss, in KiB, of every mapping in the /proc/PID/smaps
-// text s to byKind, keyed by mappingKind.
-func parseSmaps(s *bufio.Scanner, byKind map[string]uint64) error {
+// text s to byKind, keyed by mappingKind, and returns the Rss, Pss and
+// Private_Dirty of all mappings (smaps_rollup's, from the same read).
+func parseSmaps(s *bufio.Scanner, byKind map[string]uint64) (Usage, error) {
+	var u Usage
 	kind := ""
 	for s.Scan() {
 		line := s.Text()
@@ -327,7 +355,7 @@ func parseSmaps(s *bufio.Scanner, byKind map[string]uint64) error {
 		// attributes are "Name: value [kB]".
 		if !strings.HasSuffix(fields[0], ":") {
 			if len(fields) < 5 {
-				return fmt.Errorf("malformed smaps header %q", line)
+				return Usage{}, fmt.Errorf("malformed smaps header %q", line)
 			}
 			path := ""
 			if len(fields) > 5 {
@@ -337,49 +365,29 @@ func parseSmaps(s *bufio.Scanner, byKind map[string]uint64) error {
 			kind = mappingKind(path)
 			continue
 		}
-		if fields[0] != "Pss:" || len(fields) < 2 {
+		var sum *uint64
+		switch fields[0] {
+		case "Rss:":
+			sum = &u.Rss
+		case "Pss:":
+			sum = &u.Pss
+		case "Private_Dirty:":
+			sum = &u.PrivateDirty
+		}
+		if sum == nil || len(fields) < 2 {
 			continue
 		}
 		if kind == "" {
-			return fmt.Errorf("smaps attribute %q before any mapping", line)
+			return Usage{}, fmt.Errorf("smaps attribute %q before any mapping", line)
 		}
 		v, err := strconv.ParseUint(fields[1], 10, 64)
 		if err != nil {
-			return fmt.Errorf("smaps line %q: %w", line, err)
+			return Usage{}, fmt.Errorf("smaps line %q: %w", line, err)
 		}
-		byKind[kind] += v
+		*sum += v
+		if fields[0] == "Pss:" {
+			byKind[kind] += v
+		}
 	}
-	return s.Err()
-}
-
-// pssByKind returns the Pss, in KiB, of pids by kind of memory, counting each
-// address space once.
-func pssByKind(pids []int) (map[string]uint64, error) {
-	byKind := map[string]uint64{}
-	var parseErr error
-	eachAddressSpace(pids, func(pid int) bool {
-		f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
-		if err != nil {
-			return false
-		}
-		defer f.Close()
-		perPID := map[string]uint64{}
-		if err := parseSmaps(bufio.NewScanner(f), perPID); err != nil {
-			if _, statErr := os.Stat(fmt.Sprintf("/proc/%d", pid)); statErr != nil {
-				return false // it exited while we read
-			}
-			if parseErr == nil {
-				parseErr = fmt.Errorf("/proc/%d/smaps: %w", pid, err)
-			}
-			return false
-		}
-		for k, v := range perPID {
-			byKind[k] += v
-		}
-		return true
-	})
-	if parseErr != nil {
-		return nil, parseErr
-	}
-	return byKind, nil
+	return u, s.Err()
 }

@@ -48,25 +48,30 @@ Pss:                  16 kB
 Pss_Dirty:            16 kB
 `
 	got := map[string]uint64{}
-	if err := parseSmaps(bufio.NewScanner(strings.NewReader(smaps)), got); err != nil {
+	u, err := parseSmaps(bufio.NewScanner(strings.NewReader(smaps)), got)
+	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]uint64{KindFile: 500, KindGuest: 4096, KindBase: 100, KindAnon: 80}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("parseSmaps = %v, want %v", got, want)
 	}
+	if wantU := (Usage{Rss: 1000, Pss: 4776}); u != wantU {
+		t.Errorf("parseSmaps's usage = %+v, want %+v", u, wantU)
+	}
 	for _, bad := range []string{"Pss: 4 kB\n", "00400000-00c00000 r-xp\n", "00400000-00c00000 r-xp 0 08:01 1 /x\nPss: x kB\n"} {
-		if err := parseSmaps(bufio.NewScanner(strings.NewReader(bad)), map[string]uint64{}); err == nil {
+		if _, err := parseSmaps(bufio.NewScanner(strings.NewReader(bad)), map[string]uint64{}); err == nil {
 			t.Errorf("parseSmaps(%q) succeeded, want an error", bad)
 		}
 	}
 }
 
-// TestBreakdownMatchesRollup checks pssByKind against the kernel's own sum
-// for this process: the kinds add up to smaps_rollup's Pss.
-func TestBreakdownMatchesRollup(t *testing.T) {
+// TestMeasureMatchesRollup checks measure against the kernel's own sum for
+// this process: the kinds add up to the Pss it reports from the same read,
+// and that Pss to smaps_rollup's.
+func TestMeasureMatchesRollup(t *testing.T) {
 	pid := os.Getpid()
-	byKind, err := pssByKind([]int{pid, pid})
+	sb, _, err := measure(pid, []int{pid, pid})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,15 +80,18 @@ func TestBreakdownMatchesRollup(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sum uint64
-	for _, v := range byKind {
+	for _, v := range sb.ByKind {
 		sum += v
+	}
+	if sum != sb.All.Total() || sb.Sentry != sb.All {
+		t.Errorf("measure's kinds sum to %d KiB, its total is %d KiB (sentry %+v, all %+v): want one snapshot", sum, sb.All.Total(), sb.Sentry, sb.All)
 	}
 	// The two reads are moments apart; allow this process's heap to move.
 	if diff := int64(sum) - int64(roll.Pss); diff > 2048 || diff < -2048 {
-		t.Errorf("pssByKind sums to %d KiB, smaps_rollup says %d KiB", sum, roll.Pss)
+		t.Errorf("measure's kinds sum to %d KiB, smaps_rollup says %d KiB", sum, roll.Pss)
 	}
-	if byKind[KindAnon] == 0 || byKind[KindFile] == 0 {
-		t.Errorf("pssByKind = %v: want anonymous memory and this test binary's text", byKind)
+	if sb.ByKind[KindAnon] == 0 || sb.ByKind[KindFile] == 0 {
+		t.Errorf("measure's kinds = %v: want anonymous memory and this test binary's text", sb.ByKind)
 	}
 }
 
@@ -110,13 +118,13 @@ func TestUnmappedGuest(t *testing.T) {
 	pid := os.Getpid()
 	check := func(step string, wantUnmapped uint64) {
 		t.Helper()
-		_, unmapped, files, err := breakdown([]int{pid, pid})
+		m, files, err := measure(pid, []int{pid, pid})
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Only this memfd is KindGuest here: the numbers are exact.
-		if unmapped != wantUnmapped || files != 1 {
-			t.Errorf("%s: breakdown's unmapped = %d KiB in %d files, want %d in one", step, unmapped, files, wantUnmapped)
+		if unmapped := m.All.Unmapped; unmapped != wantUnmapped || files != 1 {
+			t.Errorf("%s: measure's unmapped = %d KiB in %d files, want %d in one", step, unmapped, files, wantUnmapped)
 		}
 		sb, err := OfSandbox(pid, 0)
 		if err != nil {

@@ -135,6 +135,20 @@ def fork_and_check(state):
     os.waitpid(pid, 0)
 
 
+def take_command(ctl):
+    """Returns the command in the file ctl, or None if there is none. The
+    file is taken by renaming it, so that a command sent while this one is
+    read is not removed with it."""
+    try:
+        os.rename(ctl, ctl + ".taken")
+        with open(ctl + ".taken") as f:
+            cmd = f.read().strip()
+        os.remove(ctl + ".taken")
+    except FileNotFoundError:
+        return None
+    return cmd
+
+
 def hold(state, ctl):
     """Forks the holder child (the "hold" command); returns its pid in the
     parent. The child never returns."""
@@ -145,14 +159,11 @@ def hold(state, ctl):
     try:
         out("holder ready")
         while True:
-            try:
-                os.rename(ctl, ctl + ".taken")
-                with open(ctl + ".taken") as f:
-                    cmd = f.read().split()
-                os.remove(ctl + ".taken")
-            except FileNotFoundError:
+            cmd = take_command(ctl)
+            if cmd is None:
                 time.sleep(0.05)
                 continue
+            cmd = cmd.split()
             if cmd[:1] == ["pass"] and len(cmd) == 2 and cmd[1].isdigit():
                 start = time.monotonic()
                 state.checksum(len(state.items) * int(cmd[1]) // 100)
@@ -191,15 +202,7 @@ async def run(state, args, interval):
             if pid == holder:
                 out("holder exited status=%d" % (os.waitstatus_to_exitcode(status) if status >= 0 else -1))
                 holder = 0
-        # Take the command file by renaming it, so that a command sent while
-        # this one is read is not removed with it.
-        try:
-            os.rename(args.ctl, args.ctl + ".taken")
-            with open(args.ctl + ".taken") as f:
-                cmd = f.read().strip()
-            os.remove(args.ctl + ".taken")
-        except FileNotFoundError:
-            cmd = None
+        cmd = take_command(args.ctl)
         if cmd == "mark":
             state.mark = int.from_bytes(os.urandom(8), "big")
         elif cmd == "fork":
