@@ -123,6 +123,12 @@ func TestSharedBaseWriterClones(t *testing.T) {
 			if !logsContain(t, logs, "of a speculative copy of the base") || !logsContain(t, logs, "of speculative copies in") {
 				t.Errorf("the first clone should learn from a speculative copy of the base and give back what it did not write (debug logs in %s)", logs)
 			}
+			// Clones that apply the set have the page tables of what they
+			// copied filled before they run (patch 0034), so that their
+			// first stores do not fault page by page.
+			if got, want := maxPopulated(t, logs), uint64(mib*pct/100/2)<<20; got < want {
+				t.Errorf("the most page table bytes a restore populated was %d, want at least %d (half of what each clone writes; debug logs in %s)", got, want, logs)
+			}
 			pss := fleetPss(t, p.r, ids)
 			t.Logf("%d clones storing into %d%% of %d MiB: total memory %.1f MiB, upstream %.1f MiB", clones, pct, mib, pss, upstream)
 			if pss > upstream*1.05 {
@@ -161,6 +167,26 @@ func waitWriteSet(t *testing.T, path string) {
 func logsContain(t *testing.T, dir, s string) bool {
 	t.Helper()
 	return len(logLines(t, dir, s)) > 0
+}
+
+// populatedRE matches the line that kernel.PopulateRestoredMemory logs.
+var populatedRE = regexp.MustCompile(`Populated the page tables of (\d+) bytes of restored memory`)
+
+// maxPopulated returns the most bytes whose page tables a restore logged under
+// dir populated before its tasks ran (0 if none logged it).
+func maxPopulated(t *testing.T, dir string) uint64 {
+	t.Helper()
+	var most uint64
+	for _, l := range logLines(t, dir, "Populated the page tables of") {
+		if m := populatedRE.FindStringSubmatch(l); m != nil {
+			n, err := strconv.ParseUint(m[1], 10, 64)
+			if err != nil {
+				t.Fatalf("%q: %v", l, err)
+			}
+			most = max(most, n)
+		}
+	}
+	return most
 }
 
 // logLines returns the lines of the runsc debug logs under dir that contain
