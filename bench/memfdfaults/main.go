@@ -51,13 +51,17 @@ func main() {
 				log.Fatalf("mmap: %v", err)
 			}
 			var ru0, ru1 unix.Rusage
-			unix.Getrusage(unix.RUSAGE_SELF, &ru0)
+			if err := unix.Getrusage(unix.RUSAGE_SELF, &ru0); err != nil {
+				log.Fatalf("getrusage: %v", err)
+			}
 			t1 := time.Now()
 			for off := 0; off < size; off += unix.Getpagesize() {
 				b[off] = 2
 			}
 			t2 := time.Now()
-			unix.Getrusage(unix.RUSAGE_SELF, &ru1)
+			if err := unix.Getrusage(unix.RUSAGE_SELF, &ru1); err != nil {
+				log.Fatalf("getrusage: %v", err)
+			}
 			for off := 0; off < size; off += unix.Getpagesize() {
 				b[off] = 3
 			}

@@ -74,6 +74,7 @@ var Steps = []Phase{
 	{"sandbox started → container created (runsc)", SandboxStarted, ContainerCreated},
 	{"CPUID (cpuid.Initialize, sandbox)", "boot subcommand dispatched", "CPUID initialized"},
 	{"seccheck.Initialize (sandbox)", "resolved mounts read", "seccheck initialized"},
+	{"page tables of restored memory (sandbox)", "MFs loaded", "restored memory populated"},
 }
 
 // Restore is what one sandbox's logs say of its restore.
