@@ -6,7 +6,8 @@
 # image, alternating between builds and modes, and destroys each clone once
 # it has printed its first tick. A build that has `checkpoint --shared-base`
 # parks with it, into a base store of its own (its first restore learns the
-# base's write set, so it is reported apart); one that has not (upstream)
+# base's write set, so it is reported apart, and its clone is destroyed once
+# the set is written); one that has not (upstream)
 # parks plainly and restores in both of its modes, plain and --background.
 # It prints each runtime's first restore, the median of the other N and
 # every sample (ms). Root; bin/tick must be built (make all). Sandboxes run
@@ -53,6 +54,13 @@ waittick() {
 	timeout 60 bash -c 'until grep -q "tick=" "$0"; do sleep 0.01; done' "$1"
 }
 
+# waitwriteset STORE: returns once a base in the base store STORE has a
+# non-empty write set, or fails after 15 s.
+waitwriteset() {
+	timeout 15 bash -c 'until [ -n "$(find "$0" -name "*.writeset" -size +0 2>/dev/null)" ]; do sleep 0.05; done' "$1" &&
+		sleep 0.2 # the learner writes the set, then closes it
+}
+
 mkdir -p "$work/bundle/rootfs"
 cp "$top/bin/tick" "$work/bundle/rootfs/tick"
 (cd "$work/bundle" && "${builds[0]}" spec -- /tick -mib 256 -interval 50ms -write-pct "$pct" &&
@@ -97,6 +105,11 @@ for k in $(seq 0 "$n"); do
 		t1=$(date +%s%N)
 		wait "$pid" || { echo "restore-one: runsc restore of $id failed" >&2; cat "$out" >&2; exit 1; }
 		samples[$rt]+="$(((t1 - t0) / 1000000)) "
+		if [ "$k" = 0 ] && [ -n "${shared[$i]:-}" ]; then
+			# Let the first clone finish learning the base's write set
+			# (runsc ignores a set still being learned), off the clock.
+			waitwriteset "$work/bases$i" || { echo "restore-one: $b's first clone wrote no write set" >&2; exit 1; }
+		fi
 		"$b" "${G[@]}" delete -force "$id" >/dev/null 2>&1
 	done
 done
