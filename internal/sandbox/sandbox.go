@@ -193,30 +193,51 @@ const clockTicksPerSecond = 100
 // ProcessCPU returns the CPU time (utime+stime) of process pid, from
 // /proc/PID/stat.
 func ProcessCPU(pid int) (time.Duration, error) {
+	st, err := ReadProcStat(pid)
+	return st.CPU, err
+}
+
+// ProcStat is what /proc/PID/stat says of a process's costs so far.
+type ProcStat struct {
+	// UserCPU and CPU are its user time and its user and system time.
+	UserCPU, CPU time.Duration
+	// MinorFaults and MajorFaults count its host page faults.
+	MinorFaults, MajorFaults int64
+}
+
+// ReadProcStat returns the costs of process pid so far, from /proc/PID/stat.
+func ReadProcStat(pid int) (ProcStat, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return ProcStat{}, err
 	}
 	// The command name (field 2) may hold spaces; fields after it start at
 	// the last ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name in %q", pid, b)
+		return ProcStat{}, fmt.Errorf("/proc/%d/stat: no command name in %q", pid, b)
 	}
 	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	// f[0] is field 3 (state); minflt, majflt, utime and stime are fields
+	// 10, 12, 14 and 15.
 	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command name", pid, len(f))
+		return ProcStat{}, fmt.Errorf("/proc/%d/stat: %d fields after the command name", pid, len(f))
 	}
-	var ticks int64
-	for _, s := range f[11:13] {
-		n, err := strconv.ParseInt(s, 10, 64)
+	var v [4]int64
+	for k, idx := range []int{7, 9, 11, 12} {
+		n, err := strconv.ParseInt(f[idx], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+			return ProcStat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 		}
-		ticks += n
+		v[k] = n
 	}
-	return time.Duration(ticks) * time.Second / clockTicksPerSecond, nil
+	tick := time.Second / clockTicksPerSecond
+	return ProcStat{
+		UserCPU:     time.Duration(v[2]) * tick,
+		CPU:         time.Duration(v[2]+v[3]) * tick,
+		MinorFaults: v[0],
+		MajorFaults: v[1],
+	}, nil
 }
 
 // Cleanup destroys every container under r.Root and unmounts what runsc left
