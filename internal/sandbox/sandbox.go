@@ -64,7 +64,10 @@ func (r *Runsc) StoreEntry(digest string) string {
 	return basestore.Entry(r.StorePath(), digest)
 }
 
-func (r *Runsc) command(args ...string) *exec.Cmd {
+// Command returns the command that runs runsc subcommand args with r's
+// global flags (--root, --network, --platform, the fork's --base-store, the
+// debug log), for callers that must start, time or kill it themselves.
+func (r *Runsc) Command(args ...string) *exec.Cmd {
 	network := r.Network
 	if network == "" {
 		network = "none"
@@ -88,7 +91,7 @@ func (r *Runsc) Exec(args ...string) (string, error) {
 	if err := os.MkdirAll(r.Root, 0o711); err != nil {
 		return "", err
 	}
-	out, err := r.command(args...).CombinedOutput()
+	out, err := r.Command(args...).CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
@@ -114,7 +117,7 @@ func (r *Runsc) startDetached(outPath string, args ...string) error {
 	}
 	defer os.Remove(errf.Name())
 	defer errf.Close()
-	cmd := r.command(args...)
+	cmd := r.Command(args...)
 	cmd.Stdout = out
 	cmd.Stderr = errf
 	if err := cmd.Run(); err != nil {
@@ -153,9 +156,9 @@ func (r *Runsc) Checkpoint(id, imageDir string, extra ...string) error {
 
 // Destroy kills and deletes container id, ignoring errors.
 func (r *Runsc) Destroy(id string) {
-	r.command("kill", id, "KILL").Run()
+	r.Command("kill", id, "KILL").Run()
 	for i := 0; i < 50; i++ {
-		if r.command("delete", "--force", id).Run() == nil {
+		if r.Command("delete", "--force", id).Run() == nil {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -244,7 +247,7 @@ func ReadProcStat(pid int) (ProcStat, error) {
 // mounted there (e.g. the nsfs bind mount for --network=none), so that the
 // root directory can be removed.
 func (r *Runsc) Cleanup() {
-	if out, err := r.command("list", "-quiet").Output(); err == nil {
+	if out, err := r.Command("list", "-quiet").Output(); err == nil {
 		for _, id := range strings.Fields(string(out)) {
 			r.Destroy(id)
 		}

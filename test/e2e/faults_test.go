@@ -192,7 +192,7 @@ func TestKilledSharedBaseCheckpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 		image := filepath.Join(src.dir, "image")
-		cmd := exec.Command(src.r.Bin, "--root", src.r.Root, "--network=none", "--platform=systrap", "checkpoint", "--shared-base", "--image-path", image, "source")
+		cmd := src.r.Command("checkpoint", "--shared-base", "--image-path", image, "source")
 		p := -1 // the phase killed in, or -1
 		var delay time.Duration
 		if i < calibrationRounds {

@@ -674,7 +674,7 @@ func TestFilestoreKilledCheckpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 		image, snap := filepath.Join(e.dir, id+"-image"), filepath.Join(e.dir, id+"-snap")
-		cmd := exec.Command(e.r.Bin, "--root", e.r.Root, "--network=none", "--platform=systrap", "checkpoint", "--image-path", image, "--skip-filestore-pages", "--filestore-snapshot-dir="+snap, id)
+		cmd := e.r.Command("checkpoint", "--image-path", image, "--skip-filestore-pages", "--filestore-snapshot-dir="+snap, id)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}

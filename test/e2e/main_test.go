@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/forkvisor/forkvisor/internal/prereq"
@@ -52,9 +53,36 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	before := hostStoreEntries()
 	code := m.Run()
 	os.RemoveAll(dir)
+	// Every runsc of the tests has a base store of its own (sandbox.Runsc);
+	// one that ran without --base-store would leave its bases in the
+	// host's, which nothing removes.
+	var added []string
+	for _, e := range hostStoreEntries() {
+		if !slices.Contains(before, e) {
+			added = append(added, e)
+		}
+	}
+	if len(added) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: the tests stored %d base(s) in the host's node base store %s (a runsc without --base-store): %v\n", len(added), hostBaseStore, added)
+		code = 1
+	}
 	os.Exit(code)
+}
+
+// hostBaseStore is runsc's default --base-store.
+const hostBaseStore = "/var/lib/runsc/bases"
+
+// hostStoreEntries lists the bases in hostBaseStore.
+func hostStoreEntries() []string {
+	entries, _ := os.ReadDir(filepath.Join(hostBaseStore, "sha256"))
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
 }
 
 // binary returns the path of bin/NAME, or skips the test.
