@@ -8,6 +8,8 @@
 //	writer30   the same, but every tick stores into 30% of the heap's pages
 //	           (scattered) before it prints, the first tick after restore too
 //	writer100  the same with 100% of the pages
+//	writerP    the same with P% of the pages, for each P of -writer-pcts
+//	           (e.g. -writer-pcts 1,5,10,50: a sweep of write shares)
 //	cpython    a CPython asyncio agent (200k small dicts, iterated every
 //	           tick) in a Debian rootfs (tools/pyrootfs.sh), 4 clones
 //	clones2g   park a 2 GiB tick workload, restore 2 clones
@@ -90,6 +92,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -117,6 +120,7 @@ var (
 	dedupSecs   = flag.Int("dedup-seconds", 60, "how long the dedup scenario samples each group")
 	verifyMiB   = flag.Int("verify-mib", 512, "base size in MiB for the verify scenario")
 	flattenN    = flag.String("flatten-n", "1,2,4,8,16,32", "clone counts of the flatten scenario")
+	writerPcts  = flag.String("writer-pcts", "", "more writer scenarios to run, one per percentage of the heap's pages stored into every tick (comma-separated, 1-100)")
 	repeat      = flag.Int("repeat", 1, "runs per clone scenario and runtime, alternating runtimes (medians are reported)")
 	layerSizes  = flag.String("layer-sizes", "64,256,1024", "writable layer sizes in MiB for the layers scenario")
 	layerRepeat = flag.Int("layer-repeat", 3, "runs per layer size and runtime (medians are reported)")
@@ -221,10 +225,25 @@ func main() {
 	want := map[string]bool{}
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.TrimSpace(s)
+		if s == "" && *writerPcts != "" {
+			continue // -scenarios '' -writer-pcts ...: the sweep alone
+		}
 		if !knownScenario(s) {
 			fatalf("unknown scenario %q (-scenarios): see the list at the top of bench/forkbench/main.go", s)
 		}
 		want[s] = true
+	}
+	if *writerPcts != "" {
+		for _, p := range intList(*writerPcts) {
+			if p < 1 || p > 100 {
+				fatalf("-writer-pcts: %d is not a percentage from 1 to 100", p)
+			}
+			name := fmt.Sprintf("writer%d", p)
+			if !slices.ContainsFunc(cloneScenarios, func(sc cloneScenario) bool { return sc.name == name }) {
+				cloneScenarios = append(cloneScenarios, cloneScenario{name: name, heapMiB: 256, n: 8, checkMiB: 4, args: []string{"-write-pct", fmt.Sprint(p)}})
+			}
+			want[name] = true
+		}
 	}
 	// Every scenario but flatten runs sandboxes.
 	sandboxes := len(want) > 1 || !want["flatten"]
