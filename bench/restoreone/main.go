@@ -82,6 +82,13 @@ var (
 	cleanups  []func()
 )
 
+// atCleanup adds f to what cleanup undoes.
+func atCleanup(f func()) {
+	cleanupMu.Lock()
+	defer cleanupMu.Unlock()
+	cleanups = append(cleanups, f)
+}
+
 // cleanup undoes, once, everything the command set up.
 func cleanup() {
 	cleanupMu.Lock()
@@ -101,24 +108,17 @@ func fatalf(format string, args ...any) {
 func main() {
 	flag.Parse()
 	if flag.NArg() == 0 || *writePct < 0 || *writePct > 100 || *n < 1 {
-		fmt.Fprintln(os.Stderr, "usage: restoreone [-write-pct 0-100] [-n N>=1] [-mib MiB] [-log-dir DIR] RUNSC...")
+		fmt.Fprintln(os.Stderr, "usage: restoreone [-write-pct 0-100] [-n N>=1] [-mib MiB] [-cpython ENTRIES] [-tick BIN] [-log-dir DIR] RUNSC...")
 		os.Exit(2)
 	}
 	if os.Geteuid() != 0 {
 		fatalf("needs root to run sandboxes")
 	}
-	tick, err := filepath.Abs(*tickBin)
-	if err != nil {
-		fatalf("%v", err)
-	}
-	if _, err := os.Stat(tick); err != nil {
-		fatalf("%v (run `make all` first)", err)
-	}
 	work, err := os.MkdirTemp("", "restoreone-")
 	if err != nil {
 		fatalf("%v", err)
 	}
-	cleanups = append(cleanups, func() { os.RemoveAll(work) })
+	atCleanup(func() { os.RemoveAll(work) })
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() { fatalf("interrupted (%v)", <-sigs) }()
@@ -131,6 +131,13 @@ func main() {
 			fatalf("%v (run from the repository, after `make pyrootfs`)", err)
 		}
 	} else {
+		tick, err := filepath.Abs(*tickBin)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		if _, err := os.Stat(tick); err != nil {
+			fatalf("%v (run `make all` first)", err)
+		}
 		args := []string{"-mib", fmt.Sprint(*heapMiB), "-interval", "50ms"}
 		if *writePct > 0 {
 			args = append(args, "-write-pct", fmt.Sprint(*writePct))
@@ -170,7 +177,7 @@ func main() {
 			if mode == "background" {
 				rt.restore = []string{"--background"}
 			}
-			cleanups = append(cleanups, rt.r.Cleanup)
+			atCleanup(rt.r.Cleanup)
 			runtimes = append(runtimes, rt)
 			if first == nil {
 				first = rt
@@ -267,7 +274,9 @@ func park(rt *runtime, bundle, out string) {
 }
 
 // guestCost sums the costs so far of the processes under the sandbox
-// process pid, the sentry, which are its systrap stubs.
+// process pid, the sentry, which are its systrap stubs. A stub that exited
+// between two calls takes its costs with it, so a difference of two calls
+// can undercount.
 func guestCost(pid int) sandbox.ProcStat {
 	var sum sandbox.ProcStat
 	for _, p := range memstat.Descendants(pid) {
