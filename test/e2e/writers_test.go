@@ -431,3 +431,53 @@ func TestSharedBaseParkWhileLearning(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedBaseAttachedLearner restores the first clone of a base with an
+// attached `runsc restore` (no --detach: the command lives as long as the
+// container), which learns the base's write set. Once the set is written, a
+// second restore must apply it (and seal it read-only) while the learner
+// and its runsc still run: a runsc that kept its descriptor of the set open
+// for writing would make every later restore refuse the set until the
+// first clone exited.
+func TestSharedBaseAttachedLearner(t *testing.T) {
+	const mib = 64
+	p := parkSource(t, mib, "-write-pct", "30")
+	out := filepath.Join(p.dir, "learner.out")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	learner := p.r.Command("restore", "--image-path", p.image, "--bundle", p.bundle, "learner")
+	learner.Stdout, learner.Stderr = f, f
+	if err := learner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- learner.Wait() }()
+	t.Cleanup(func() {
+		p.r.Destroy("learner")
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			learner.Process.Kill()
+		}
+	})
+	checkFirstTick(t, "learner", out, p.lastTick)
+	path := p.r.WriteSetPath(p.image)
+	waitWriteSet(t, path)
+	select {
+	case err := <-exited:
+		t.Fatalf("the attached runsc restore exited (%v) while its container runs", err)
+	default:
+	}
+
+	waitFullCheck(t, p.restoreClone(t, "clone", p.image, p.lastTick), mib)
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o444 {
+		t.Fatalf("write set %s has mode %v after a restore while the attached learner runs; want it applied and sealed read-only (0444)", path, st.Mode().Perm())
+	}
+}
