@@ -90,17 +90,16 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/memstat"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
+	"github.com/forkvisor/forkvisor/internal/stats"
+	"github.com/forkvisor/forkvisor/internal/teardown"
 )
 
 var (
@@ -252,12 +251,7 @@ func main() {
 	}
 	// Ctrl-C or SIGTERM tears down every sandbox, mount and loop device the
 	// benchmark started, like a failure does.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		sig := <-sigs
-		fatalf("interrupted (%v)", sig)
-	}()
+	teardown.OnInterrupt("forkbench")
 	for _, p := range []string{*upstreamBin, *forkBin, *tickBin} {
 		if _, err := os.Stat(p); err != nil && sandboxes {
 			fatalf("%v (run `make` first)", err)
@@ -691,17 +685,7 @@ func diskUsage(dir string) (all, noBase int64) {
 	return all, noBase
 }
 
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
+func median(v []float64) float64 { return stats.Median(v) }
 
 // joinMs formats samples in milliseconds, comma-separated.
 func joinMs(v []float64) string {
@@ -747,19 +731,9 @@ func must(err error) {
 	}
 }
 
-// cleanups tear down every runsc root, mount and temporary directory the
-// benchmark used; fatalf runs them (on a failure, Ctrl-C or SIGTERM).
-var (
-	cleanupsMu sync.Mutex
-	cleanups   []func()
-)
-
-// addCleanup registers c to run if the benchmark dies.
-func addCleanup(c func()) {
-	cleanupsMu.Lock()
-	defer cleanupsMu.Unlock()
-	cleanups = append(cleanups, c)
-}
+// addCleanup registers c to tear down a runsc root, mount or temporary
+// directory of the benchmark if it dies (fatalf, Ctrl-C or SIGTERM).
+func addCleanup(c func()) { teardown.Add(c) }
 
 // pyAgentBundle writes the CPython agent's bundle, with entries entries and
 // 100 ms ticks, into dir (scenarios cpython and prestarted-cpython).
@@ -778,20 +752,7 @@ func knownScenario(name string) bool {
 	return false
 }
 
-func fatalf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "forkbench: "+format+"\n", args...)
-	// Leave no sandbox behind, latest first. The list is taken first, so
-	// that a clean-up that fails in turn exits instead of waiting for the
-	// lock.
-	cleanupsMu.Lock()
-	cs := cleanups
-	cleanups = nil
-	cleanupsMu.Unlock()
-	for i := len(cs) - 1; i >= 0; i-- {
-		cs[i]()
-	}
-	os.Exit(1)
-}
+func fatalf(format string, args ...any) { teardown.Fatalf("forkbench", format, args...) }
 
 // runtimeLogDir returns the debug log directory of rt in scenario, under
 // -log-dir, or "" without it.

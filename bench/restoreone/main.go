@@ -37,16 +37,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"sort"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/memstat"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
+	"github.com/forkvisor/forkvisor/internal/stats"
+	"github.com/forkvisor/forkvisor/internal/teardown"
 )
 
 var (
@@ -77,33 +75,7 @@ type runtime struct {
 	guestAtFirst, guestPerPass []sandbox.ProcStat
 }
 
-var (
-	cleanupMu sync.Mutex
-	cleanups  []func()
-)
-
-// atCleanup adds f to what cleanup undoes.
-func atCleanup(f func()) {
-	cleanupMu.Lock()
-	defer cleanupMu.Unlock()
-	cleanups = append(cleanups, f)
-}
-
-// cleanup undoes, once, everything the command set up.
-func cleanup() {
-	cleanupMu.Lock()
-	defer cleanupMu.Unlock()
-	for i := len(cleanups) - 1; i >= 0; i-- {
-		cleanups[i]()
-	}
-	cleanups = nil
-}
-
-func fatalf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "restoreone: "+format+"\n", args...)
-	cleanup()
-	os.Exit(1)
-}
+func fatalf(format string, args ...any) { teardown.Fatalf("restoreone", format, args...) }
 
 func main() {
 	flag.Parse()
@@ -118,10 +90,8 @@ func main() {
 	if err != nil {
 		fatalf("%v", err)
 	}
-	atCleanup(func() { os.RemoveAll(work) })
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go func() { fatalf("interrupted (%v)", <-sigs) }()
+	teardown.Add(func() { os.RemoveAll(work) })
+	teardown.OnInterrupt("restoreone")
 
 	bundle := filepath.Join(work, "bundle")
 	workload := fmt.Sprintf("%d MiB heap, write-pct %d", *heapMiB, *writePct)
@@ -177,7 +147,7 @@ func main() {
 			if mode == "background" {
 				rt.restore = []string{"--background"}
 			}
-			atCleanup(rt.r.Cleanup)
+			teardown.Add(rt.r.Cleanup)
 			runtimes = append(runtimes, rt)
 			if first == nil {
 				first = rt
@@ -251,7 +221,7 @@ func main() {
 	if len(dirs) > 0 {
 		fmt.Printf("phases: go run ./bench/restorephases %s\n", strings.Join(dirs, " "))
 	}
-	cleanup()
+	teardown.Run()
 }
 
 // park runs the workload with rt's build until its first tick and parks it
@@ -308,14 +278,4 @@ func costP50(costs []sandbox.ProcStat) string {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
+func median(v []float64) float64 { return stats.Median(v) }
