@@ -466,6 +466,8 @@ func TestSharedBaseAttachedLearner(t *testing.T) {
 	checkFirstTick(t, "learner", out, p.lastTick)
 	path := p.r.WriteSetPath(p.image)
 	waitWriteSet(t, path)
+	// The learner's sentry closes the set just after writing it.
+	waitNoWriters(t, path)
 	select {
 	case err := <-exited:
 		t.Fatalf("the attached runsc restore exited (%v) while its container runs", err)
@@ -479,5 +481,27 @@ func TestSharedBaseAttachedLearner(t *testing.T) {
 	}
 	if st.Mode().Perm() != 0o444 {
 		t.Fatalf("write set %s has mode %v after a restore while the attached learner runs; want it applied and sealed read-only (0444)", path, st.Mode().Perm())
+	}
+}
+
+// waitNoWriters waits up to 10 s until nothing holds the file at path open
+// for writing: until the kernel grants a read lease on it (as runsc checks
+// before it applies a write set).
+func waitNoWriters(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err := unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_RDLCK)
+		if err == nil {
+			unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
+			return
+		}
+		if err != unix.EAGAIN || time.Now().After(deadline) {
+			t.Fatalf("%s is still open for writing somewhere (read lease: %v)", path, err)
+		}
 	}
 }
