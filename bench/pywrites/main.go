@@ -10,14 +10,18 @@
 // by the host's copy-on-write: the parent maps a new page frame there
 // (/proc/PID/pagemap's frame number, which root can read); one that it only
 // read is still the frame it shares with the child. It prints how many
-// pages were written, in how many runs of consecutive pages, and how they
-// fall into 2 MiB windows: the unit of the fork's window copies.
+// pages were written, in how many runs of consecutive pages, how many of
+// them still hold the bytes they held before (the child's copy, read
+// through /proc/PID/mem: writes that a comparison of contents would miss),
+// and how they fall into 2 MiB windows: the unit of the fork's window
+// copies.
 //
 // Usage (root): go run ./bench/pywrites [-entries N] [-seed S]
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"flag"
 	"fmt"
@@ -51,7 +55,7 @@ if pid == 0:
 os.close(r)
 os.close(idle_w)
 os.read(idle_r, 1)
-print("ready", flush=True)
+print("ready", pid, flush=True)
 sys.stdin.readline()
 ok = st.checksum() == st.expected
 print("done", "ok" if ok else "BAD", flush=True)
@@ -134,8 +138,13 @@ func main() {
 		}
 		return out.Text()
 	}
-	expect("ready")
+	ready := strings.Fields(expect("ready"))
 	pid := cmd.Process.Pid
+	if len(ready) != 2 {
+		fatalf("the agent's driver printed %q, want \"ready CHILD_PID\"", strings.Join(ready, " "))
+	}
+	childPID, err := strconv.Atoi(ready[1])
+	must(err)
 	before, err := anonPages(pid)
 	must(err)
 	nShared := 0
@@ -154,24 +163,12 @@ func main() {
 	}
 	after, err := anonPages(pid)
 	must(err)
+	unchanged, err := sameContent(pid, childPID, written(before, after))
+	must(err)
 	_, err = io.WriteString(stdin, "exit\n")
 	must(err)
 
-	// A page shared before the pass was written by it if the parent now
-	// maps another frame there (a write by the child would leave the
-	// parent's frame in place).
-	sharedFrame := map[uint64]uint64{}
-	for _, pg := range before {
-		if pg.shared {
-			sharedFrame[pg.vpn] = pg.pfn
-		}
-	}
-	written := map[uint64]bool{}
-	for _, pg := range after {
-		if pfn, ok := sharedFrame[pg.vpn]; ok && pg.pfn != pfn {
-			written[pg.vpn] = true
-		}
-	}
+	written := written(before, after)
 	// 2 MiB windows over the pages that were shared before the pass, and
 	// runs of written pages (windows of one page).
 	const pagesPerWindow = 512
@@ -206,6 +203,8 @@ func main() {
 		*entries, *seed, nShared, mib(nShared))
 	fmt.Printf("one pass wrote %d of them (%.1f%%, %.1f MiB) in %d runs of consecutive pages; %.1f MiB were only read\n",
 		len(written), 100*float64(len(written))/float64(max(nShared, 1)), mib(len(written)), runs, mib(nShared-len(written)))
+	fmt.Printf("of the written pages, %d (%.1f%%) hold the same bytes as before the pass: a comparison of contents would not see those writes\n",
+		unchanged, 100*float64(unchanged)/float64(max(len(written), 1)))
 	fmt.Printf("2 MiB windows holding such pages: %d; with a written page: %d; at least 3/4 written: %d; wholly written: %d\n",
 		len(windows), touched, mostly+whole, whole)
 
@@ -217,6 +216,54 @@ func main() {
 		copied, runs := windowCopy(before, written, size)
 		fmt.Printf("%-8s %12.1f %13.2fx %8d\n", fmt.Sprintf("%dK", size*pageSize/1024), mib(copied), float64(copied)/float64(max(len(written), 1)), runs)
 	}
+}
+
+// written returns the pages that were shared before a pass (before) and that
+// the parent maps to another frame after it (after): a write by the child
+// would leave the parent's frame in place, so the pass wrote them.
+func written(before, after []anonPage) map[uint64]bool {
+	sharedFrame := map[uint64]uint64{}
+	for _, pg := range before {
+		if pg.shared {
+			sharedFrame[pg.vpn] = pg.pfn
+		}
+	}
+	w := map[uint64]bool{}
+	for _, pg := range after {
+		if pfn, ok := sharedFrame[pg.vpn]; ok && pg.pfn != pfn {
+			w[pg.vpn] = true
+		}
+	}
+	return w
+}
+
+// sameContent returns how many of the pages in vpns hold the same bytes in
+// processes a and b (read through /proc/PID/mem).
+func sameContent(a, b int, vpns map[uint64]bool) (int, error) {
+	fa, err := os.Open(fmt.Sprintf("/proc/%d/mem", a))
+	if err != nil {
+		return 0, err
+	}
+	defer fa.Close()
+	fb, err := os.Open(fmt.Sprintf("/proc/%d/mem", b))
+	if err != nil {
+		return 0, err
+	}
+	defer fb.Close()
+	pa, pb := make([]byte, pageSize), make([]byte, pageSize)
+	same := 0
+	for vpn := range vpns {
+		if _, err := fa.ReadAt(pa, int64(vpn*pageSize)); err != nil {
+			return 0, fmt.Errorf("/proc/%d/mem at page %#x: %w", a, vpn, err)
+		}
+		if _, err := fb.ReadAt(pb, int64(vpn*pageSize)); err != nil {
+			return 0, fmt.Errorf("/proc/%d/mem at page %#x: %w", b, vpn, err)
+		}
+		if bytes.Equal(pa, pb) {
+			same++
+		}
+	}
+	return same, nil
 }
 
 // windowCopy returns the number of shared pages that lie in aligned windows
