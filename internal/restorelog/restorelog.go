@@ -73,7 +73,8 @@ var Steps = []Phase{
 	{"runsc's move into the container's cgroup", CgroupJoinStarted, CgroupJoined},
 	{"sandbox started → container created (runsc)", SandboxStarted, ContainerCreated},
 	{"CPUID (cpuid.Initialize, sandbox)", "boot subcommand dispatched", "CPUID initialized"},
-	// One stop-the-world AllThreadsSyscall per capability dropped: its
+	// Mostly one stop-the-world AllThreadsSyscall per capability up to
+	// cap_last_cap that the sandbox does not keep (with CAP_SETPCAP): its
 	// length depends on how soon every thread gets a CPU.
 	{"capability bounding set trimmed (sandbox)", "current capabilities read", "bounding set trimmed on all threads"},
 	{"seccheck.Initialize (sandbox)", "resolved mounts read", "seccheck initialized"},

@@ -31,6 +31,8 @@ func TestDir(t *testing.T) {
 		at             time.Duration
 	}{
 		{"runsc boot", "Go code running", 40 * time.Millisecond},
+		{"runsc boot", "current capabilities read", 45 * time.Millisecond},
+		{"runsc boot", "bounding set trimmed on all threads", 57 * time.Millisecond},
 		{"runsc boot", "capabilities applied", 60 * time.Millisecond},
 		{"runsc boot", "platform created", 80 * time.Millisecond},
 		{"runsc boot", "notifying parent", 85 * time.Millisecond},
@@ -99,6 +101,7 @@ func TestDir(t *testing.T) {
 		{Phases, "start the restored tasks", 20 * time.Millisecond},
 		{Steps, "runsc's move into the container's cgroup", 46 * time.Millisecond},
 		{Steps, "sandbox started → container created (runsc)", 35 * time.Millisecond},
+		{Steps, "capability bounding set trimmed (sandbox)", 12 * time.Millisecond},
 	} {
 		var got time.Duration
 		var ok bool
