@@ -51,9 +51,10 @@ check-patches:
 check-series: $(TREE)/go.mod
 	tools/check-series.sh
 
-# Both runsc binaries get the sentry's precompiled seccomp programs as
-# gVisor's own build does (tools/seccomp.sh; the Go module ships none, so a
-# sandbox would compile its filter at every start and restore).
+# Both runsc binaries get the precompiled seccomp programs of the sentry and
+# of the gofer as gVisor's own build does (tools/seccomp.sh; the Go module
+# ships none, so a sandbox would compile both filters at every start and
+# restore).
 runsc: $(TREE)/go.mod
 	tools/seccomp.sh $(TREE) fork
 	cd $(TREE) && $(GOBUILD) -overlay=$(CURDIR)/build/seccomp/fork.json -o $(CURDIR)/bin/runsc ./runsc

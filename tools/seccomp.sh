@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
-# seccomp.sh TREE NAME: generates the sentry's precompiled seccomp programs
-# for the gVisor source tree TREE (tools/seccompgen) and writes
-# build/seccomp/NAME.json, a `go build -overlay` file that puts them into
-# TREE's runsc/boot/filter/filter_precompiled.go (the generated file is
-# NAME.go.txt, so that `go vet ./...` of this module skips it). Cached on the content of
-# the sources the programs come from.
+# seccomp.sh TREE NAME: generates the precompiled seccomp programs of the
+# sentry and of the gofer for the gVisor source tree TREE (tools/seccompgen)
+# and writes build/seccomp/NAME.json, a `go build -overlay` file that puts
+# them into TREE's runsc/boot/filter/filter_precompiled.go and
+# runsc/fsgofer/filter/filter_precompiled.go (the generated files are
+# NAME.go.txt and NAME-gofer.go.txt, so that `go vet ./...` of this module
+# skips them). Cached on the content of the sources the programs come from.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 tree=$(cd "$1" && pwd)
 name=$2
 out=$top/build/seccomp
 mkdir -p "$out"
-key=$( (go version; cd "$tree" && find runsc/boot/filter pkg/seccomp pkg/sentry/platform pkg/sentry/devices runsc/config -name '*.go' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
-if [ -f "$out/$name.key" ] && [ "$(cat "$out/$name.key")" = "$key" ] && [ -f "$out/$name.json" ]; then
+# The key covers the generator, the module it runs in, and the packages the
+# two filter configurations import.
+key=$( (go version; cd "$top" && sha256sum tools/seccomp.sh tools/seccompgen/*.go go.mod go.sum; cd "$tree" && find runsc/boot/filter runsc/fsgofer/filter pkg/seccomp pkg/abi/linux pkg/sentry/platform pkg/sentry/devices pkg/sentry/socket pkg/tcpip/link/fdbased runsc/config -name '*.go' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
+if [ -f "$out/$name.key" ] && [ "$(cat "$out/$name.key")" = "$key" ] && [ -f "$out/$name.json" ] && [ -f "$out/$name.go.txt" ] && [ -f "$out/$name-gofer.go.txt" ]; then
 	exit 0
 fi
 # Run the generator against TREE: our module with gvisor.dev/gvisor
 # replaced by TREE.
 sed "\$a replace gvisor.dev/gvisor => $tree" "$top/go.mod" > "$out/$name.mod"
 cp "$top/go.sum" "$out/$name.sum"
-(cd "$top" && go run -modfile="$out/$name.mod" ./tools/seccompgen -in "$tree/runsc/boot/filter/filter_precompiled.go" -out "$out/$name.go.txt")
-printf '{"Replace": {"%s": "%s"}}\n' "$tree/runsc/boot/filter/filter_precompiled.go" "$out/$name.go.txt" > "$out/$name.json"
+sentry=runsc/boot/filter/filter_precompiled.go
+gofer=runsc/fsgofer/filter/filter_precompiled.go
+gen=$(mktemp "$out/$name-seccompgen.XXXXXX")
+trap 'rm -f "$gen"' EXIT
+(cd "$top" && go build -modfile="$out/$name.mod" -o "$gen" ./tools/seccompgen)
+"$gen" -for sentry -in "$tree/$sentry" -out "$out/$name.go.txt"
+"$gen" -for gofer -in "$tree/$gofer" -out "$out/$name-gofer.go.txt"
+printf '{"Replace": {"%s": "%s", "%s": "%s"}}\n' "$tree/$sentry" "$out/$name.go.txt" "$tree/$gofer" "$out/$name-gofer.go.txt" > "$out/$name.json"
 echo "$key" > "$out/$name.key"

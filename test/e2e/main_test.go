@@ -35,6 +35,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	repoRoot = root
+	// A test binary that was killed or timed out while a test had changed
+	// the host's huge page settings left them saved (hugepages_test.go).
+	if err := restoreHostTHP(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	dir, err := os.MkdirTemp("", "forkvisor-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -55,6 +61,10 @@ func TestMain(m *testing.M) {
 	}
 	before := hostStoreEntries()
 	code := m.Run()
+	if err := restoreHostTHP(); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		code = 1
+	}
 	os.RemoveAll(dir)
 	// Every runsc of the tests has a base store of its own (sandbox.Runsc);
 	// one that ran without --base-store would leave its bases in the
