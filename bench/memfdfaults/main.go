@@ -23,12 +23,13 @@ import (
 	"log"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkvisor/forkvisor/internal/memstat"
 )
 
 func main() {
@@ -224,17 +225,11 @@ func storeTwice(b []byte) (first, second time.Duration, faults int64) {
 // shmemHugeKiB returns the host's ShmemHugePages (KiB), or 0 if
 // /proc/meminfo does not say.
 func shmemHugeKiB() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
+	n, err := memstat.FieldKiB("/proc/meminfo", "ShmemHugePages")
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "ShmemHugePages:" {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			return n
-		}
-	}
-	return 0
+	return int64(n)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/forkvisor/forkvisor/internal/memstat"
 	"github.com/forkvisor/forkvisor/internal/prereq"
 )
 
@@ -97,27 +98,6 @@ func useHugePageHost(t *testing.T) {
 // write set from the base (pgalloc.MemoryFile.readFromBase).
 var writeSetCopyRE = regexp.MustCompile(`read (\d+) bytes of its write set into the MemoryFile, (\d+) of them into its mapping \((\d+) in whole 2 MiB windows advised for huge pages\)`)
 
-// procKiB returns the sum of the fields named field (e.g. "ShmemPmdMapped:")
-// of a /proc file in the "Name: N kB" format (meminfo, smaps).
-func procKiB(t *testing.T, path, field string) uint64 {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum uint64
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == field {
-			n, err := strconv.ParseUint(f[1], 10, 64)
-			if err != nil {
-				t.Fatalf("%s: %q: %v", path, l, err)
-			}
-			sum += n
-		}
-	}
-	return sum
-}
-
 // TestSharedBaseWriterClonesOnHugePageHost runs a writer's clones on a host
 // set up as runsc recommends, where the MemoryFile has huge pages (patch
 // 0037; REPRODUCE §2f): each clone stays correct; each clone that applies
@@ -168,7 +148,11 @@ func TestSharedBaseWriterClonesOnHugePageHost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pmdMapped := procKiB(t, fmt.Sprintf("/proc/%d/smaps", pid), "ShmemPmdMapped:") << 10
+		pmdKiB, err := memstat.FieldKiB(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "ShmemPmdMapped")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pmdMapped := pmdKiB << 10
 		t.Logf("clone %s: write-set copy of %d bytes, %d of them read into the mapping, %d in whole advised windows; its sentry maps %d bytes of shmem with huge pages", id, copied, intoMapping, windows, pmdMapped)
 		if copied == 0 || windows < copied/2 || windows > intoMapping {
 			t.Errorf("clone %s should read most of its write set into whole advised windows of the MemoryFile's mapping: read %d bytes, %d into the mapping, %d in whole windows (debug logs in %s)", id, copied, intoMapping, windows, logs)
