@@ -10,7 +10,7 @@ GO ?= go
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath
 UPSTREAM_DIR = $(shell GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvisor@$(PIN) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
 # Fork packages whose tests are ours (upstream ships no *_test.go files).
-FORK_TEST_PKGS := ./pkg/cpuid/ ./runsc/cmd/sandboxsetup/ ./pkg/sentry/state/stateio/ ./pkg/sentry/state/loadgc/ ./runsc/cmd/ ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/ ./runsc/config/ ./pkg/shim/v1/runsc/ ./pkg/shim/v1/proc/ ./runsc/boot/filter/config/ ./runsc/sandbox/ ./runsc/filestoreadopt/ ./runsc/cgroup/ ./pkg/sentry/seccheck/
+FORK_TEST_PKGS := ./pkg/cpuid/ ./runsc/cmd/sandboxsetup/ ./pkg/sentry/state/stateio/ ./pkg/sentry/state/loadgc/ ./runsc/cmd/ ./pkg/sentry/pgalloc/ ./pkg/sentry/mm/ ./pkg/sentry/kernel/ ./pkg/sentry/platform/kvm/ ./runsc/sharedbase/ ./runsc/config/ ./pkg/shim/v1/runsc/ ./pkg/shim/v1/proc/ ./runsc/boot/filter/config/ ./runsc/sandbox/ ./runsc/filestoreadopt/ ./runsc/cgroup/ ./pkg/sentry/seccheck/
 
 .PHONY: oci setup all tree patches proto check-patches check-series runsc runsc-upstream tick cloneprobe kvserver clone-probe shim test test-fork test-harness vet demo flatten-table bench bench-phases bench-all faults fuzz clean
 
