@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"gvisor.dev/gvisor/pkg/sentry/hostmm"
+
 	"github.com/forkvisor/forkvisor/internal/memstat"
 	"github.com/forkvisor/forkvisor/internal/prereq"
 )
@@ -21,21 +23,6 @@ const thpDir = "/sys/kernel/mm/transparent_hugepage"
 // one was killed or timed out before its cleanups ran (restoreHostTHP).
 // /run does not survive a reboot, nor need it.
 const thpSaved = "/run/forkvisor-e2e-thp"
-
-// selectedTHP returns the bracketed choice of the setting file name under
-// thpDir (e.g. "never" from "always advise [never]").
-func selectedTHP(name string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(thpDir, name))
-	if err != nil {
-		return "", err
-	}
-	s := string(b)
-	i, j := strings.IndexByte(s, '['), strings.IndexByte(s, ']')
-	if i < 0 || j < i {
-		return "", fmt.Errorf("%s: no selected value in %q", filepath.Join(thpDir, name), strings.TrimSpace(s))
-	}
-	return s[i+1 : j], nil
-}
 
 // restoreHostTHP puts back the settings saved in thpSaved, if any, and
 // removes it. TestMain calls it before and after the tests.
@@ -72,7 +59,7 @@ func useHugePageHost(t *testing.T) {
 	set := []struct{ name, value string }{{"shmem_enabled", "advise"}, {"defrag", "never"}}
 	var saved strings.Builder
 	for _, s := range set {
-		old, err := selectedTHP(s.name)
+		old, err := hostmm.ReadTransparentHugepageEnum(s.name)
 		if err != nil {
 			prereq.Missing(t, "transparent huge pages: %v", err)
 		}
