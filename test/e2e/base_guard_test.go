@@ -93,6 +93,45 @@ func TestSharedBaseRestoredSandboxCannotChangeBase(t *testing.T) {
 	if _, err := p.r.SandboxPID("reach"); err == nil {
 		t.Errorf("the refused restore left sandbox %q", "reach")
 	}
+	// The same into a sandbox created beforehand (a warm pool's), which
+	// is refused before the Restore RPC.
+	if err := p.r.Create(reach, "reach-created", filepath.Join(p.dir, "reach-created.out")); err != nil {
+		t.Fatal(err)
+	}
+	err = p.r.Restore(reach, "reach-created", p.image, filepath.Join(p.dir, "reach-created.out"))
+	p.r.Destroy("reach-created")
+	if err == nil || !strings.Contains(err.Error(), "could open shared base") {
+		t.Errorf("restore into a created sandbox that mounts the image directory: %v; want a refusal saying that the sandbox could reach the base", err)
+	}
+	// A base.img that is a symbolic link: the directory of its target
+	// counts.
+	elsewhere := filepath.Join(p.dir, "elsewhere")
+	linked := filepath.Join(p.dir, "image-link")
+	for _, d := range []string{elsewhere, linked} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sparseCopy(t, base, filepath.Join(elsewhere, "base.img"))
+	if err := os.Chmod(filepath.Join(elsewhere, "base.img"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img", "base.json", "files.json"} {
+		sparseCopy(t, filepath.Join(p.image, name), filepath.Join(linked, name))
+	}
+	if err := os.Symlink(filepath.Join(elsewhere, "base.img"), filepath.Join(linked, "base.img")); err != nil {
+		t.Fatal(err)
+	}
+	reachTarget := filepath.Join(p.dir, "bundle-reach-target")
+	reachingBundle(t, p.bundle, reachTarget, elsewhere)
+	err = p.r.Restore(reachTarget, "reach-target", linked, filepath.Join(p.dir, "reach-target.out"))
+	if err == nil {
+		p.r.Destroy("reach-target")
+		t.Fatalf("restore with the directory of base.img's link target mounted into the sandbox succeeded")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "could open shared base") || !strings.Contains(msg, elsewhere) {
+		t.Errorf("restore with the link target's directory mounted: %q; want it to name %s and say that the sandbox could reach it", msg, elsewhere)
+	}
 	if fileSum(t, base) != before {
 		t.Errorf("%s changed", base)
 	}

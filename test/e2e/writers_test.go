@@ -295,7 +295,7 @@ func TestSharedBaseSurvivesStubENOMEM(t *testing.T) {
 		}
 	}
 	waitFullCheck(t, out, mib)
-	for _, what := range []string{"refused a mapping of address space", "refused a mapping of a new stub thread's stack"} {
+	for _, what := range []string{"refused an application mapping in address space", "refused a new stub thread's stack mapping in address space"} {
 		if !logsContain(t, logs, what) {
 			t.Fatalf("no ENOMEM fallback logged with %q: the injection did not run (debug logs in %s)", what, logs)
 		}
