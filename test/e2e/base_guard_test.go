@@ -20,7 +20,8 @@ import (
 //     the base writable or give it away (fchmod, fchown fail with EROFS);
 //   - a restore refuses a base that is open for writing elsewhere;
 //   - a restore refuses a bundle whose mounts reach the image directory,
-//     before a sandbox starts.
+//     the directory of base.img's link target or the stored base's entry
+//     in the base store, before a sandbox starts.
 func TestSharedBaseRestoredSandboxCannotChangeBase(t *testing.T) {
 	p := parkSource(t, 16)
 	base := filepath.Join(p.image, "base.img")
@@ -131,6 +132,24 @@ func TestSharedBaseRestoredSandboxCannotChangeBase(t *testing.T) {
 	}
 	if msg := err.Error(); !strings.Contains(msg, "could open shared base") || !strings.Contains(msg, elsewhere) {
 		t.Errorf("restore with the link target's directory mounted: %q; want it to name %s and say that the sandbox could reach it", msg, elsewhere)
+	}
+	// A bundle that mounts a directory inside the base store, the stored
+	// base's own entry, reaches the base as much as one that mounts the
+	// store.
+	bases := listBases(t, p)
+	if len(bases) != 1 {
+		t.Fatalf("the store lists %+v; want the one base", bases)
+	}
+	entry := filepath.Dir(p.r.StoredBase(bases[0].Digest))
+	reachEntry := filepath.Join(p.dir, "bundle-reach-entry")
+	reachingBundle(t, p.bundle, reachEntry, entry)
+	err = p.r.Restore(reachEntry, "reach-entry", p.image, filepath.Join(p.dir, "reach-entry.out"))
+	if err == nil {
+		p.r.Destroy("reach-entry")
+		t.Fatalf("restore with the stored base's store entry mounted into the sandbox succeeded")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "could open shared base") || !strings.Contains(msg, entry) {
+		t.Errorf("restore with the store entry mounted: %q; want it to name %s and say that the sandbox could reach it", msg, entry)
 	}
 	if fileSum(t, base) != before {
 		t.Errorf("%s changed", base)

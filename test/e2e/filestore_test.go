@@ -336,6 +336,38 @@ func TestFilestoreDirtyParkLogsPause(t *testing.T) {
 	}
 }
 
+// TestFilestoreParkWhileLoading parks a layer that a `restore --background`
+// is still loading when the park starts (a filestore's pages are loaded
+// after the main memory) and adopts its snapshot: every byte of the layer
+// must be in it. A snapshot cloned before the load ended would hold holes
+// where the pages not yet loaded were, which the image's metadata calls
+// committed: the clone would read zeroes there, and no check could tell.
+// The park now waits for the load before it writes the layer back. (Where
+// that writeback outlasts the load, as on the machines of REPRODUCE.md, a
+// park without the wait also found the load done by its pause.)
+func TestFilestoreParkWhileLoading(t *testing.T) {
+	const fileMiB = 512
+	e := newLayerEnv(t, fileMiB)
+	e.start(t, "source")
+	full := filepath.Join(e.dir, "full-image")
+	if err := e.r.Checkpoint("source", full); err != nil {
+		t.Fatal(err)
+	}
+	e.r.Destroy("source")
+	if err := e.r.Restore(e.bundle, "loading", full, filepath.Join(e.dir, "loading.out"), "--background"); err != nil {
+		t.Fatal(err)
+	}
+	image, snap := e.park(t, "loading", "loading")
+	e.r.Destroy("loading")
+	out, first := e.adopt(t, "clone", image, snap)
+	if first.File != "ok" {
+		t.Errorf("clone's first tick: layer %s", first.File)
+	}
+	if tk := fullCheck(t, out, fileMiB); tk.File != "ok" {
+		t.Errorf("clone's layer after a full pass: %s", tk.File)
+	}
+}
+
 // TestFilestoreParkWritesBackOnlyItsLayer parks a sandbox while another
 // file on the same filesystem (a neighbour's layer, or anything the host
 // wrote there) has 256 MiB of dirty pages: the park writes back its own
