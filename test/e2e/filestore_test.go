@@ -342,23 +342,32 @@ func TestFilestoreDirtyParkLogsPause(t *testing.T) {
 // must be in it. A snapshot cloned before the load ended would hold holes
 // where the pages not yet loaded were, which the image's metadata calls
 // committed: the clone would read zeroes there, and no check could tell.
-// The park now waits for the load before it writes the layer back. (Where
-// that writeback outlasts the load, as on the machines of REPRODUCE.md, a
-// park without the wait also found the load done by its pause.)
+// The park waits for the load inside its pause. The restore loads at
+// loadRate (--TESTONLY-async-page-load-rate), so that the load outlasts
+// the park's writeback before the pause on any machine; the sandbox's log
+// must say that the pause waited.
 func TestFilestoreParkWhileLoading(t *testing.T) {
-	const fileMiB = 512
+	const fileMiB, loadRate = 512, 64 << 20
 	e := newLayerEnv(t, fileMiB)
+	e.r.LogDir, e.r.LogInfo = t.TempDir(), true
 	e.start(t, "source")
 	full := filepath.Join(e.dir, "full-image")
 	if err := e.r.Checkpoint("source", full); err != nil {
 		t.Fatal(err)
 	}
 	e.r.Destroy("source")
-	if err := e.r.Restore(e.bundle, "loading", full, filepath.Join(e.dir, "loading.out"), "--background"); err != nil {
+	flags := e.r.Flags
+	e.r.Flags = append(append([]string(nil), flags...), fmt.Sprintf("--TESTONLY-async-page-load-rate=%d", loadRate))
+	err := e.r.Restore(e.bundle, "loading", full, filepath.Join(e.dir, "loading.out"), "--background")
+	e.r.Flags = flags
+	if err != nil {
 		t.Fatal(err)
 	}
 	image, snap := e.park(t, "loading", "loading")
 	e.r.Destroy("loading")
+	if !logsContain(t, e.r.LogDir, "is still being loaded by the restore (--background): the pause waits for it") {
+		t.Errorf("no sandbox log in %s says that the park's pause waited for the layer's load, which at %d MiB/s should have outlasted the writeback before the pause", e.r.LogDir, loadRate>>20)
+	}
 	out, first := e.adopt(t, "clone", image, snap)
 	if first.File != "ok" {
 		t.Errorf("clone's first tick: layer %s", first.File)
