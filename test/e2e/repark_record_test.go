@@ -20,7 +20,9 @@ import (
 //     anything is saved, and the clone runs on;
 //   - with another base recorded, the checkpoint is refused once the sentry
 //     has saved, with an error that says the image must not be used, and
-//     the stored base is not linked into it.
+//     the stored base is not linked into it; the image is marked refused,
+//     and restore and `bases link` refuse it even after its empty base.img
+//     is removed.
 func TestSharedBaseReparkNeedsTheRestoredBase(t *testing.T) {
 	p := parkSource(t, 16)
 	bases := listBases(t, p)
@@ -67,6 +69,28 @@ func TestSharedBaseReparkNeedsTheRestoredBase(t *testing.T) {
 	}
 	if got := listBases(t, p); len(got) != 1 || len(got[0].Users) != len(bases[0].Users) {
 		t.Errorf("after the refusal the store lists %+v; want the one base with its users %v", got, bases[0].Users)
+	}
+
+	// The refused image stays refused, even without its empty base.img
+	// (whose absence would otherwise send a restore to the store for the
+	// base the checkpoint named).
+	if err := os.Remove(filepath.Join(image, "base.img")); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	refused := filepath.Join(image, "refused.txt")
+	if _, err := os.Stat(refused); err != nil {
+		t.Errorf("the refused image is not marked: %v", err)
+	}
+	err = p.r.Restore(p.bundle, "refused", image, filepath.Join(p.dir, "refused.out"))
+	p.r.Destroy("refused")
+	if err == nil || !strings.Contains(err.Error(), "was refused when it was saved") || !strings.Contains(err.Error(), refused) {
+		t.Errorf("restore of the refused image: %v; want a refusal naming %s", err, refused)
+	}
+	if out, err := p.r.Exec("bases", "link", "sha256:"+digest, image); err == nil || !strings.Contains(string(out), "was refused when it was saved") {
+		t.Errorf("bases link into the refused image: %v: %s; want a refusal", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(image, "base.img")); !os.IsNotExist(err) {
+		t.Errorf("after the refusals the refused image has a base.img (%v)", err)
 	}
 }
 

@@ -202,8 +202,9 @@ func TestSharedBaseClones(t *testing.T) {
 
 // TestSharedBaseRefusesReachableImageDir: a --shared-base checkpoint into a
 // directory inside the container's root filesystem (which the sandbox, and
-// every clone restored with the same bundle, could open by a path) is
-// refused before the sandbox is paused, naming the directory and the path
+// every clone restored with the same bundle, could open by a path), or with
+// a base store there that the park would create, is refused before the
+// sandbox is paused, naming the directory and the path
 // through which it is reachable; the sandbox keeps running without
 // --leave-running, and nothing of the checkpoint is left.
 func TestSharedBaseRefusesReachableImageDir(t *testing.T) {
@@ -220,9 +221,24 @@ func TestSharedBaseRefusesReachableImageDir(t *testing.T) {
 	if _, err := os.Stat(image); !os.IsNotExist(err) {
 		t.Errorf("the refused checkpoint left %s (%v)", image, err)
 	}
+	// The same for a base store inside the root filesystem that the first
+	// park on the node would create.
+	store, outside := src.r.BaseStore, filepath.Join(src.dir, "outside")
+	src.r.BaseStore = filepath.Join(src.bundle, "rootfs", "var", "bases")
+	err = src.r.Checkpoint("source", outside, "--shared-base")
+	newStore := src.r.BaseStore
+	src.r.BaseStore = store
+	if err == nil || !strings.Contains(err.Error(), "could open the shared base by a path") || !strings.Contains(err.Error(), newStore) {
+		t.Errorf("checkpoint --shared-base with a base store to be created inside the container's root filesystem: %v; want a refusal naming %s", err, newStore)
+	}
+	for _, p := range []string{outside, newStore} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("the refused checkpoint left %s (%v)", p, err)
+		}
+	}
 	n := len(sandbox.Lines(src.out))
 	if _, _, err := sandbox.WaitTick(src.out, n, 10*time.Second, func(sandbox.Tick) bool { return true }); err != nil {
-		t.Fatalf("source after the refused checkpoint: %v", err)
+		t.Fatalf("source after the refused checkpoints: %v", err)
 	}
 	// Out of its reach, the same sandbox parks and restores.
 	p := src.park(t, filepath.Join(src.dir, "image"), "--shared-base")
