@@ -1,0 +1,53 @@
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/forkvisor/forkvisor/internal/sandbox"
+)
+
+// TestParkWhileLoading parks a sandbox whose memory a `restore
+// --background` is still loading (a 128 MiB heap loaded at loadRate,
+// --TESTONLY-async-page-load-rate, so that the load outlasts the park's
+// start on any machine). The save must wait for the load before it pauses
+// the sandbox, as the sandbox's log says, rather than in the pause, and
+// the park must restore with its heap intact. The pause that the sentry
+// logged is printed (REPRODUCE.md §13).
+func TestParkWhileLoading(t *testing.T) {
+	const mib, loadRate = 128, 16 << 20
+	src := startSource(t, "runsc", mib)
+	full := filepath.Join(src.dir, "full")
+	p := src.park(t, full)
+	// Logs from the restore on: the park's are the only save in them.
+	p.r.LogDir, p.r.LogInfo = t.TempDir(), true
+	flags := p.r.Flags
+	p.r.Flags = append(append([]string(nil), flags...), fmt.Sprintf("--TESTONLY-async-page-load-rate=%d", loadRate))
+	out := filepath.Join(src.dir, "loading.out")
+	err := p.r.Restore(p.bundle, "loading", full, out, "--background")
+	p.r.Flags = flags
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(src.dir, "image")
+	err = p.r.Checkpoint("loading", image)
+	p.r.Destroy("loading")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !logsContain(t, p.r.LogDir, "the main MemoryFile is still being loaded by the restore (--background): waiting for the load before pausing") {
+		t.Errorf("no sandbox log in %s says that the park waited for the load before pausing, which at %d MiB/s should have outlasted the park's start", p.r.LogDir, loadRate>>20)
+	}
+	for _, l := range logLines(t, p.r.LogDir, "the sandbox was paused for") {
+		t.Logf("park of a loading sandbox: %s", l[strings.Index(l, "]")+1:])
+	}
+	// The clone continues from the loading sandbox's last tick, or from
+	// the source's if the park came before the loading sandbox's first.
+	last := p.lastTick
+	if len(sandbox.Lines(out)) > 0 {
+		last = lastTick(t, out).N
+	}
+	p.restoreClone(t, "clone", image, last)
+}
