@@ -87,6 +87,7 @@ const (
 	baseDescriptorName     = "base.json"
 	writeSetName           = writeset.Name
 	filestoresExternalName = "filestores-external.json"
+	refusedName            = "refused.txt"
 )
 
 // fixedCreated makes manifests reproducible: the same content gives the same
@@ -255,6 +256,9 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 	d, descriptor, err := readBaseDescriptor(filepath.Join(imageDir, baseDescriptorName))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
+	}
+	if why, err := os.ReadFile(filepath.Join(imageDir, refusedName)); err == nil {
+		return nil, fmt.Errorf("%s is marked refused by %s (%s): a restore would refuse it, so it is not pushed", imageDir, refusedName, strings.Join(strings.Fields(string(why)), " "))
 	}
 	if _, err := os.Stat(filepath.Join(imageDir, filestoresExternalName)); err == nil {
 		return nil, fmt.Errorf("%s keeps its writable layers outside the image (%s); push does not carry filestore snapshots, so the image could not be restored elsewhere", imageDir, filestoresExternalName)

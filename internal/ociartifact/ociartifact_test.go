@@ -445,3 +445,19 @@ func mustFetch(t *testing.T, repo *remote.Repository, desc ocispec.Descriptor) [
 	}
 	return b
 }
+
+// TestPushRefusesRefusedImage: an image directory that runsc marked refused
+// (refused.txt) is not pushed, and the error says why, before any registry
+// is contacted.
+func TestPushRefusesRefusedImage(t *testing.T) {
+	src := t.TempDir()
+	for name, data := range map[string]string{"checkpoint.img": "state", "pages.img": "pages", "pages_meta.img": "meta", "refused.txt": "runsc refused this checkpoint: it names another base.\n"} {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(data), 0o444); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := Push(context.Background(), src, "", "127.0.0.1:1/refused/ckpt:v1", opts)
+	if err == nil || !strings.Contains(err.Error(), "marked refused") || !strings.Contains(err.Error(), "it names another base") {
+		t.Fatalf("Push of a refused image: %v; want a refusal quoting refused.txt", err)
+	}
+}

@@ -346,7 +346,8 @@ func TestFilestoreDirtyParkLogsPause(t *testing.T) {
 // waits again, which then finds it done). The restore loads at loadRate
 // (--TESTONLY-async-page-load-rate), so that the load outlasts the park's
 // start on any machine; the sandbox's log must say that the park waited
-// before pausing. The pause that runsc logged is printed (REPRODUCE.md §13).
+// before it wrote the layer back (waitedBeforePreparing), and the pause that
+// it logged must be short of the load (checkPauseOutsideLoad).
 func TestFilestoreParkWhileLoading(t *testing.T) {
 	const fileMiB, loadRate = 512, 64 << 20
 	e := newLayerEnv(t, fileMiB)
@@ -367,12 +368,10 @@ func TestFilestoreParkWhileLoading(t *testing.T) {
 	}
 	image, snap := e.park(t, "loading", "loading")
 	e.r.Destroy("loading")
-	if !logsContain(t, e.r.LogDir, "is still being loaded by the restore (--background): waiting for the load before pausing") {
+	if !waitedBeforePreparing(t, e.r.LogDir) {
 		t.Errorf("no sandbox log in %s says that the park waited for the layer's load before pausing, which at %d MiB/s should have outlasted the park's start", e.r.LogDir, loadRate>>20)
 	}
-	for _, l := range logLines(t, e.r.LogDir, "the sandbox was paused for") {
-		t.Logf("park of a loading layer: %s", l[strings.Index(l, "]")+1:])
-	}
+	checkPauseOutsideLoad(t, e.r.LogDir, fileMiB<<20/loadRate)
 	out, first := e.adopt(t, "clone", image, snap)
 	if first.File != "ok" {
 		t.Errorf("clone's first tick: layer %s", first.File)
@@ -380,6 +379,37 @@ func TestFilestoreParkWhileLoading(t *testing.T) {
 	if tk := fullCheck(t, out, fileMiB); tk.File != "ok" {
 		t.Errorf("clone's layer after a full pass: %s", tk.File)
 	}
+}
+
+// waitedBeforePreparing reports whether a sandbox log under dir says that a
+// park waited for a filestore's load before it prepared the filestores'
+// snapshots (wrote the layer back): a wait after that would leave what the
+// load wrote to the writeback of FICLONE, inside the pause.
+func waitedBeforePreparing(t *testing.T, dir string) bool {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		waited := false
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "is still being loaded by the restore (--background): waiting for the load before") && strings.Contains(strings.ToLower(l), "filestore") {
+				waited = true
+			}
+			if strings.Contains(l, "Prepared the snapshots of") {
+				if waited {
+					return true
+				}
+				break
+			}
+		}
+	}
+	return false
 }
 
 // TestFilestoreParkWritesBackOnlyItsLayer parks a sandbox while another

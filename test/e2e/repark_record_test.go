@@ -83,10 +83,10 @@ func TestSharedBaseReparkNeedsTheRestoredBase(t *testing.T) {
 	}
 	err = p.r.Restore(p.bundle, "refused", image, filepath.Join(p.dir, "refused.out"))
 	p.r.Destroy("refused")
-	if err == nil || !strings.Contains(err.Error(), "was refused when it was saved") || !strings.Contains(err.Error(), refused) {
+	if err == nil || !strings.Contains(err.Error(), "is marked refused") || !strings.Contains(err.Error(), refused) {
 		t.Errorf("restore of the refused image: %v; want a refusal naming %s", err, refused)
 	}
-	if out, err := p.r.Exec("bases", "link", "sha256:"+digest, image); err == nil || !strings.Contains(string(out), "was refused when it was saved") {
+	if out, err := p.r.Exec("bases", "link", "sha256:"+digest, image); err == nil || !strings.Contains(string(out), "is marked refused") {
 		t.Errorf("bases link into the refused image: %v: %s; want a refusal", err, out)
 	}
 	if _, err := os.Stat(filepath.Join(image, "base.img")); !os.IsNotExist(err) {

@@ -11,9 +11,12 @@ import (
 // their save and their reply (--TESTONLY-exit-after-save), as a sandbox
 // that dies at that moment would: runsc gets no answer, and what the
 // sandbox wrote may be the only copy of its state. The checkpoint must fail
-// saying so, remove nothing, and finish the image from what was written,
-// which then restores with its heap and layer intact. A plain checkpoint, a
-// park with filestore snapshots and a --shared-base park each run once.
+// saying so, remove nothing, finish the image from what was written and mark
+// it refused, since runsc cannot tell a complete save from one cut short; a
+// restore is refused, naming the mark. Once the sandbox's log shows that the
+// save succeeded and the mark is removed, the image restores with its heap
+// and layer intact. A plain checkpoint, a park with filestore snapshots and
+// a --shared-base park each run once.
 func TestCheckpointKeepsAnUnansweredSave(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -29,6 +32,7 @@ func TestCheckpointKeepsAnUnansweredSave(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newLayerEnv(t, 16)
+			e.r.LogDir, e.r.LogInfo = t.TempDir(), true
 			e.r.Flags = []string{"--TESTONLY-exit-after-save"}
 			e.start(t, "source")
 			e.r.Flags = nil
@@ -39,7 +43,8 @@ func TestCheckpointKeepsAnUnansweredSave(t *testing.T) {
 			if err == nil {
 				t.Fatalf("checkpoint of a sandbox that exited before replying succeeded")
 			}
-			for _, want := range []string{"exited without replying", "nothing was removed", "runsc finished the image", image} {
+			refused := filepath.Join(image, "refused.txt")
+			for _, want := range []string{"exited without replying", "nothing was removed", "runsc finished the image", "marked it refused (" + refused + ")", image} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("checkpoint: %v; want it to say %q", err, want)
 				}
@@ -52,6 +57,18 @@ func TestCheckpointKeepsAnUnansweredSave(t *testing.T) {
 			var extra []string
 			if len(flags) > 0 && flags[0] == "--skip-filestore-pages" {
 				extra = []string{"--filestore-adopt-dir=" + snap}
+			}
+			err = e.r.Restore(e.bundle, "refused", image, filepath.Join(e.dir, "refused.out"), extra...)
+			e.r.Destroy("refused")
+			if err == nil || !strings.Contains(err.Error(), "is marked refused by "+refused) || !strings.Contains(err.Error(), "Save succeeded") {
+				t.Errorf("restore of the unanswered save: %v; want a refusal naming %s", err, refused)
+			}
+			// What an operator checks before removing the mark.
+			if !logsContain(t, e.r.LogDir, "Save succeeded") {
+				t.Fatalf("no sandbox log in %s says that the save succeeded", e.r.LogDir)
+			}
+			if err := os.Remove(refused); err != nil {
+				t.Fatal(err)
 			}
 			tk, _, err := e.r.RestoreFirstTick(e.bundle, "clone", image, filepath.Join(e.dir, "clone.out"), extra...)
 			e.r.Destroy("clone")
