@@ -259,6 +259,8 @@ func Push(ctx context.Context, imageDir, storeRoot, ref string, opts Options) (_
 	}
 	if why, err := os.ReadFile(filepath.Join(imageDir, refusedName)); err == nil {
 		return nil, fmt.Errorf("%s is marked refused by %s (%s): a restore would refuse it, so it is not pushed", imageDir, refusedName, strings.Join(strings.Fields(string(why)), " "))
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s may be marked refused: reading %s: %w", imageDir, refusedName, err)
 	}
 	if _, err := os.Stat(filepath.Join(imageDir, filestoresExternalName)); err == nil {
 		return nil, fmt.Errorf("%s keeps its writable layers outside the image (%s); push does not carry filestore snapshots, so the image could not be restored elsewhere", imageDir, filestoresExternalName)

@@ -460,4 +460,14 @@ func TestPushRefusesRefusedImage(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "marked refused") || !strings.Contains(err.Error(), "it names another base") {
 		t.Fatalf("Push of a refused image: %v; want a refusal quoting refused.txt", err)
 	}
+	// A mark that cannot be read refuses too.
+	if err := os.Remove(filepath.Join(src, "refused.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(src, "refused.txt"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Push(context.Background(), src, "", "127.0.0.1:1/refused/ckpt:v1", opts); err == nil || !strings.Contains(err.Error(), "may be marked refused") {
+		t.Fatalf("Push with an unreadable refused.txt: %v; want a refusal", err)
+	}
 }

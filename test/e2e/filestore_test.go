@@ -387,6 +387,15 @@ func TestFilestoreParkWhileLoading(t *testing.T) {
 // load wrote to the writeback of FICLONE, inside the pause.
 func waitedBeforePreparing(t *testing.T, dir string) bool {
 	t.Helper()
+	return logsInOrder(t, dir, func(l string) bool {
+		return strings.Contains(l, "is still being loaded by the restore (--background): waiting for the load before") && strings.Contains(strings.ToLower(l), "filestore")
+	}, "Prepared the snapshots of")
+}
+
+// logsInOrder reports whether one log file under dir has a line for which
+// first is true before its first line that contains then.
+func logsInOrder(t *testing.T, dir string, first func(line string) bool, then string) bool {
+	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -396,13 +405,13 @@ func waitedBeforePreparing(t *testing.T, dir string) bool {
 		if err != nil {
 			continue
 		}
-		waited := false
+		seen := false
 		for _, l := range strings.Split(string(b), "\n") {
-			if strings.Contains(l, "is still being loaded by the restore (--background): waiting for the load before") && strings.Contains(strings.ToLower(l), "filestore") {
-				waited = true
+			if first(l) {
+				seen = true
 			}
-			if strings.Contains(l, "Prepared the snapshots of") {
-				if waited {
+			if strings.Contains(l, then) {
+				if seen {
 					return true
 				}
 				break

@@ -14,9 +14,9 @@ import (
 // TestParkWhileLoading parks a sandbox whose memory a `restore
 // --background` is still loading (a 128 MiB heap loaded at loadRate,
 // --TESTONLY-async-page-load-rate, so that the load outlasts the park's
-// start on any machine). The save must wait for the load before it pauses
-// the sandbox, as the sandbox's log says, rather than in the pause, and
-// the park must restore with its heap intact. The pause that the sentry
+// start on any machine). The save must wait for the load first, before the
+// save hooks and the pause, as the sandbox's log says, and the park must
+// restore with its heap intact. The pause that the sentry
 // logged is printed (REPRODUCE.md §13).
 func TestParkWhileLoading(t *testing.T) {
 	const mib, loadRate = 128, 16 << 20
@@ -39,8 +39,12 @@ func TestParkWhileLoading(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !logsContain(t, p.r.LogDir, "the main MemoryFile is still being loaded by the restore (--background): waiting for the load before") {
-		t.Errorf("no sandbox log in %s says that the park waited for the load before pausing, which at %d MiB/s should have outlasted the park's start", p.r.LogDir, loadRate>>20)
+	// The wait must come before the save hooks, which run before Save logs
+	// its CPU usage.
+	if !logsInOrder(t, p.r.LogDir, func(l string) bool {
+		return strings.Contains(l, "the main MemoryFile is still being loaded by the restore (--background): waiting for the load before")
+	}, "Before save CPU usage") {
+		t.Errorf("no sandbox log in %s says that the park waited for the load before the save hooks and the pause, which at %d MiB/s should have outlasted the park's start", p.r.LogDir, loadRate>>20)
 	}
 	checkPauseOutsideLoad(t, p.r.LogDir, mib<<20/loadRate)
 	// The clone continues from the loading sandbox's last tick, or from
