@@ -3,11 +3,11 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/forkvisor/forkvisor/internal/pauselog"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
@@ -56,34 +56,22 @@ func TestParkWhileLoading(t *testing.T) {
 	p.restoreClone(t, "clone", image, last)
 }
 
-// pauseRE matches the sentry's log line of how long a save paused the
-// sandbox (pkg/sentry/state).
-var pauseRE = regexp.MustCompile(`the sandbox was paused for ([0-9.]+[a-zµ]+)\.`)
-
-// checkPauseOutsideLoad prints the pauses that the saves logged under dir and
-// fails if one lasted half of loadSeconds or more: a park that began while a
-// load of loadSeconds ran, and held the rest of that load in its pause. (A
-// pause without the load lasts tens of milliseconds here; REPRODUCE.md §13.)
+// checkPauseOutsideLoad prints the resume lines that the saves logged under
+// dir and fails if the park's pause (pauselog) lasted half of loadSeconds or
+// more: a park that began while a load of loadSeconds ran, and held the rest
+// of that load in its pause. (A pause without the load lasts tens of
+// milliseconds here; REPRODUCE.md §13.)
 func checkPauseOutsideLoad(t *testing.T, dir string, loadSeconds int) {
 	t.Helper()
-	lines := logLines(t, dir, "the sandbox was paused for")
-	if len(lines) == 0 {
-		t.Errorf("no sandbox log in %s says how long the park paused the sandbox", dir)
-	}
-	for _, l := range lines {
-		m := pauseRE.FindStringSubmatch(l)
-		if m == nil {
-			t.Errorf("cannot read the pause in %q", l)
-			continue
-		}
-		d, err := time.ParseDuration(m[1])
-		if err != nil {
-			t.Errorf("cannot read the pause in %q: %v", l, err)
-			continue
-		}
+	for _, l := range logLines(t, dir, "the sandbox was paused for") {
 		t.Logf("park of a loading sandbox: %s", l[strings.Index(l, "]")+1:])
-		if limit := time.Duration(loadSeconds) * time.Second / 2; d >= limit {
-			t.Errorf("the park paused the sandbox for %s, at least half of the %ds load: the load was held in the pause", d, loadSeconds)
-		}
+	}
+	d, err := pauselog.Dir(dir)
+	if err != nil {
+		t.Errorf("how long the park paused the sandbox: %v", err)
+		return
+	}
+	if limit := time.Duration(loadSeconds) * time.Second / 2; d >= limit {
+		t.Errorf("the park paused the sandbox for %s, at least half of the %ds load: the load was held in the pause", d, loadSeconds)
 	}
 }
