@@ -15,9 +15,11 @@ import (
 // PrestartResult is one runtime's restore latency for a prestarted
 // scenario: restore → first output of a clone of a parked workload, by a
 // plain `runsc restore` (which creates the sandbox), into a sandbox created
-// beforehand (internal/warmpool), and, for forkvisor, by resuming a clone
-// of the image restored paused beforehand (warmpool.NewRestored; upstream
-// cannot restore without running the tasks).
+// beforehand (internal/warmpool), and, for forkvisor, into a sandbox created
+// beforehand whose `runsc restore --image-path-from` was started beforehand
+// too (warmpool.NewPrespawned; upstream has no such flag), and by resuming a
+// clone of the image restored paused beforehand (warmpool.NewRestored;
+// upstream cannot restore without running the tasks).
 type PrestartResult struct {
 	Workload string `json:"workload"`
 	Runtime  string `json:"runtime"`
@@ -25,6 +27,9 @@ type PrestartResult struct {
 
 	PlainMs      []float64 `json:"plain_ms"`
 	PrestartedMs []float64 `json:"prestarted_ms"`
+	// PrespawnedMs is from sending the image path to a waiting runsc
+	// restore of a created sandbox to its first output (forkvisor only).
+	PrespawnedMs []float64 `json:"prespawned_ms,omitempty"`
 	// PrerestoredMs is from `runsc resume` of a paused clone to its first
 	// output (forkvisor only).
 	PrerestoredMs []float64 `json:"prerestored_ms,omitempty"`
@@ -37,6 +42,9 @@ type PrestartResult struct {
 	PrestartedP50 float64 `json:"prestarted_p50_ms"`
 	PrestartedP95 float64 `json:"prestarted_p95_ms"`
 	CreateP50     float64 `json:"create_p50_ms"`
+	// PrespawnedP50 and PrespawnedP95 are 0 for upstream.
+	PrespawnedP50 float64 `json:"prespawned_p50_ms,omitempty"`
+	PrespawnedP95 float64 `json:"prespawned_p95_ms,omitempty"`
 	// PrerestoredP50 and PrerestoredP95 are 0 for upstream.
 	PrerestoredP50 float64 `json:"prerestored_p50_ms,omitempty"`
 	PrerestoredP95 float64 `json:"prerestored_p95_ms,omitempty"`
@@ -90,6 +98,9 @@ func prestarted(dir string, runtimes []runtimeConfig, w prestartWorkload) []Pres
 		r.PlainP50, r.PlainP95 = median(r.PlainMs), percentile(r.PlainMs, 95)
 		r.PrestartedP50, r.PrestartedP95 = median(r.PrestartedMs), percentile(r.PrestartedMs, 95)
 		r.CreateP50 = median(r.CreateMs)
+		if len(r.PrespawnedMs) > 0 {
+			r.PrespawnedP50, r.PrespawnedP95 = median(r.PrespawnedMs), percentile(r.PrespawnedMs, 95)
+		}
 		if len(r.PrerestoredMs) > 0 {
 			r.PrerestoredP50, r.PrerestoredP95 = median(r.PrerestoredMs), percentile(r.PrerestoredMs, 95)
 		}
@@ -122,8 +133,11 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 	pool, err := warmpool.New(r, bundle, base, "warm", 1)
 	must(err)
 	defer pool.Close()
-	var paused *warmpool.Pool
+	var spawned, paused *warmpool.Pool
 	if rt.fork {
+		spawned, err = warmpool.NewPrespawned(r, bundle, base, "spawned", 1, rt.restoreArgs...)
+		must(err)
+		defer spawned.Close()
 		paused, err = warmpool.NewRestored(r, bundle, image, base, "paused", 1, rt.restoreArgs...)
 		must(err)
 		defer paused.Close()
@@ -135,6 +149,9 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 	// later and still overlaps the refill.)
 	settle := func() {
 		must(pool.Fill(time.Minute))
+		if spawned != nil {
+			must(spawned.Fill(time.Minute))
+		}
 		if paused != nil {
 			must(paused.Fill(time.Minute))
 		}
@@ -168,6 +185,9 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		r.Destroy(cid)
 
 		res.PrestartedMs = append(res.PrestartedMs, fromPool(pool, rt.restoreArgs...))
+		if spawned != nil {
+			res.PrespawnedMs = append(res.PrespawnedMs, fromPool(spawned))
+		}
 		if paused != nil {
 			res.PrerestoredMs = append(res.PrerestoredMs, fromPool(paused))
 		}
@@ -205,14 +225,16 @@ func printPrestarted(results []PrestartResult) {
 		return
 	}
 	fmt.Printf("\nprestarted: restore -> first output, %d samples each way per runtime; create_ms is the pool's work per sandbox, off the restore path\n", len(results[0].PlainMs))
-	fmt.Printf("%-8s %-12s %5s %10s %10s %15s %15s %10s %16s %16s\n", "workload", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms", "prerestored_p50", "prerestored_p95")
+	fmt.Printf("%-8s %-12s %5s %10s %10s %15s %15s %10s %15s %15s %16s %16s\n", "workload", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms", "prespawned_p50", "prespawned_p95", "prerestored_p50", "prerestored_p95")
 	best := map[string]float64{} // upstream's best p50 per workload, either way
-	for _, r := range results {
-		pre50, pre95 := "-", "-"
-		if r.PrerestoredP50 > 0 {
-			pre50, pre95 = fmt.Sprintf("%.0f", r.PrerestoredP50), fmt.Sprintf("%.0f", r.PrerestoredP95)
+	orDash := func(v float64) string {
+		if v == 0 {
+			return "-"
 		}
-		fmt.Printf("%-8s %-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f %16s %16s\n", r.Workload, r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50, pre50, pre95)
+		return fmt.Sprintf("%.0f", v)
+	}
+	for _, r := range results {
+		fmt.Printf("%-8s %-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f %15s %15s %16s %16s\n", r.Workload, r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50, orDash(r.PrespawnedP50), orDash(r.PrespawnedP95), orDash(r.PrerestoredP50), orDash(r.PrerestoredP95))
 		if strings.HasPrefix(r.Runtime, "upstream") {
 			if b, ok := best[r.Workload]; !ok || min(r.PlainP50, r.PrestartedP50) < b {
 				best[r.Workload] = min(r.PlainP50, r.PrestartedP50)
@@ -222,6 +244,9 @@ func printPrestarted(results []PrestartResult) {
 	for _, r := range results {
 		if b := best[r.Workload]; !strings.HasPrefix(r.Runtime, "upstream") && b > 0 {
 			fmt.Printf("%-8s %s/upstream's best (%.0f ms, either way): plain %.2fx, prestarted %.2fx", r.Workload, r.Runtime, b, r.PlainP50/b, r.PrestartedP50/b)
+			if r.PrespawnedP50 > 0 {
+				fmt.Printf(", prespawned (runsc restore started beforehand too) %.2fx", r.PrespawnedP50/b)
+			}
 			if r.PrerestoredP50 > 0 {
 				fmt.Printf(", prerestored (resume of a paused clone) %.2fx", r.PrerestoredP50/b)
 			}

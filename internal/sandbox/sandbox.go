@@ -101,30 +101,60 @@ func (r *Runsc) Exec(args ...string) (string, error) {
 // startDetached runs a detaching runsc subcommand (run or restore) with the
 // container's stdout and stderr going to outPath.
 func (r *Runsc) startDetached(outPath string, args ...string) error {
-	if err := os.MkdirAll(r.Root, 0o711); err != nil {
-		return err
-	}
-	out, err := os.OpenFile(outPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	d, err := r.detachedCommand(outPath, args...)
 	if err != nil {
 		return err
 	}
-	defer out.Close()
+	defer d.close()
+	if err := d.cmd.Run(); err != nil {
+		return d.failed(err)
+	}
+	return nil
+}
+
+// detached is a detaching runsc subcommand whose standard output is the
+// container's output file and whose standard error is a temporary file.
+type detached struct {
+	cmd  *exec.Cmd
+	args []string
+	out  *os.File
+	errf *os.File
+}
+
+// detachedCommand prepares runsc subcommand args for startDetached or
+// StartRestore; the caller runs d.cmd and then calls d.close.
+func (r *Runsc) detachedCommand(outPath string, args ...string) (*detached, error) {
+	if err := os.MkdirAll(r.Root, 0o711); err != nil {
+		return nil, err
+	}
+	out, err := os.OpenFile(outPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
 	// runsc's own stderr must be a file too: a pipe would be inherited by the
 	// detached sandbox and never reach EOF.
 	errf, err := os.CreateTemp("", "runsc-stderr-")
 	if err != nil {
-		return err
+		out.Close()
+		return nil, err
 	}
-	defer os.Remove(errf.Name())
-	defer errf.Close()
-	cmd := r.Command(args...)
-	cmd.Stdout = out
-	cmd.Stderr = errf
-	if err := cmd.Run(); err != nil {
-		msg, _ := os.ReadFile(errf.Name())
-		return fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(msg)))
-	}
-	return nil
+	d := &detached{cmd: r.Command(args...), args: args, out: out, errf: errf}
+	d.cmd.Stdout = out
+	d.cmd.Stderr = errf
+	return d, nil
+}
+
+// failed returns err, from running d, with what runsc wrote to its stderr.
+func (d *detached) failed(err error) error {
+	msg, _ := os.ReadFile(d.errf.Name())
+	return fmt.Errorf("runsc %s: %w: %s", strings.Join(d.args, " "), err, strings.TrimSpace(string(msg)))
+}
+
+// close releases d's files once its command has ended or failed to start.
+func (d *detached) close() {
+	d.out.Close()
+	os.Remove(d.errf.Name())
+	d.errf.Close()
 }
 
 // Run starts container id from bundle, detached; its output goes to outPath.

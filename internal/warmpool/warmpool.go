@@ -20,6 +20,15 @@
 // and the sandbox it was given is then used up: the pool destroys and
 // replaces it.
 //
+// A pool made by NewPrespawned also starts, for each waiting sandbox, its
+// `runsc restore --image-path-from` (fork's runsc only), with the flags given
+// to NewPrespawned: the runsc process has started and waits for the image
+// path on a pipe, and Restore sends it. runsc's own start (about as long as
+// the sandbox's part of a small restore on 2 CPUs) is then off the request
+// path as well; each waiting sandbox costs one more idle runsc process. A
+// waiting sandbox whose restore process died is destroyed and replaced like
+// one whose sandbox died.
+//
 // A pool made by NewRestored is bound to one image as well: each waiting
 // sandbox is a clone restored from it with `runsc restore --paused` (its
 // kernel state decoded, its memory mapped or copied, its new identity and
@@ -63,6 +72,10 @@ type Sandbox struct {
 	ID string
 	// Out receives the container's output.
 	Out string
+
+	// restore, in a pool made by NewPrespawned, is the sandbox's runsc
+	// restore waiting for its image; nil once handed out.
+	restore *sandbox.PendingRestore
 }
 
 // Pool keeps Size sandboxes of one bundle waiting.
@@ -76,6 +89,9 @@ type Pool struct {
 	// are restored (paused) from, with restoreArgs (NewRestored).
 	image       string
 	restoreArgs []string
+	// prespawn: each waiting sandbox has a runsc restore waiting for its
+	// image, started with restoreArgs (NewPrespawned).
+	prespawn bool
 
 	mu sync.Mutex
 	// cond is signalled when waiting grows, when a refill fails, and when
@@ -110,6 +126,16 @@ type Pool struct {
 // with their output in dir, and returns once they all wait.
 func New(r *sandbox.Runsc, bundle, dir, prefix string, size int) (*Pool, error) {
 	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size})
+}
+
+// NewPrespawned is New, and starts for each waiting sandbox a `runsc
+// restore --image-path-from` of it with the extra flags, so that Restore only
+// sends the image path (see the package comment). r must be the fork's runsc.
+func NewPrespawned(r *sandbox.Runsc, bundle, dir, prefix string, size int, extra ...string) (*Pool, error) {
+	if r.Upstream {
+		return nil, fmt.Errorf("warmpool: upstream runsc cannot start a restore before its image is known (restore --image-path-from)")
+	}
+	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, prespawn: true, restoreArgs: slices.Clone(extra)})
 }
 
 // NewRestored creates a pool of size clones of the checkpoint in image,
@@ -190,7 +216,8 @@ func (p *Pool) Waiting() []string {
 //
 // In a pool made by NewRestored, image must be the pool's, extra must be
 // empty (the flags were given to NewRestored), and the waiting clone is
-// resumed.
+// resumed. In a pool made by NewPrespawned, extra must be empty too (the
+// flags were given to NewPrespawned).
 func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 	if p.image != "" {
 		abs, err := filepath.Abs(image)
@@ -203,6 +230,9 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 		if len(extra) != 0 {
 			return Sandbox{}, fmt.Errorf("warmpool: restore flags %q: a pool of paused clones takes its flags when it is made", extra)
 		}
+	}
+	if p.prespawn && len(extra) != 0 {
+		return Sandbox{}, fmt.Errorf("warmpool: restore flags %q: a pool of prespawned restores takes its flags when it is made", extra)
 	}
 	// Refill once this request is served (see the package comment and
 	// refillWaitLocked).
@@ -228,7 +258,14 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 		}
 		return s, nil
 	}
-	if err := p.r.Restore(p.bundle, s.ID, image, s.Out, extra...); err != nil {
+	if s.restore != nil {
+		pending := s.restore
+		s.restore = nil
+		err = pending.Restore(image)
+	} else {
+		err = p.r.Restore(p.bundle, s.ID, image, s.Out, extra...)
+	}
+	if err != nil {
 		p.r.Destroy(s.ID)
 		os.Remove(s.Out)
 		return Sandbox{}, fmt.Errorf("warmpool: restoring %s into waiting sandbox %s: %w", image, s.ID, err)
@@ -252,20 +289,32 @@ func (p *Pool) take() (Sandbox, error) {
 		s := p.waiting[0]
 		p.waiting = p.waiting[1:]
 		p.mu.Unlock()
-		if p.live(s.ID) {
+		if p.live(s) {
 			return s, nil
 		}
 		// Killed or stopped while it waited: replace it.
-		p.r.Destroy(s.ID)
+		p.discard(s)
 	}
 }
 
-// live reports whether waiting sandbox id can still be handed out.
-func (p *Pool) live(id string) bool {
+// live reports whether waiting sandbox s can still be handed out.
+func (p *Pool) live(s Sandbox) bool {
 	if p.image != "" {
-		return p.r.Paused(id)
+		return p.r.Paused(s.ID)
 	}
-	return p.r.Waiting(id)
+	if s.restore != nil && !s.restore.Waiting() {
+		return false
+	}
+	return p.r.Waiting(s.ID)
+}
+
+// discard ends a waiting sandbox that is not handed out: its pending
+// restore, if any, then the sandbox.
+func (p *Pool) discard(s Sandbox) {
+	if s.restore != nil {
+		s.restore.Cancel()
+	}
+	p.r.Destroy(s.ID)
 }
 
 // create creates one sandbox: created, or restored paused from p.image.
@@ -280,6 +329,9 @@ func (p *Pool) create() (Sandbox, error) {
 		err = p.r.Restore(p.bundle, s.ID, p.image, s.Out, append([]string{"--paused"}, p.restoreArgs...)...)
 	} else {
 		err = p.r.Create(p.bundle, s.ID, s.Out)
+	}
+	if err == nil && p.prespawn {
+		s.restore, err = p.r.StartRestore(p.bundle, s.ID, s.Out, p.restoreArgs...)
 	}
 	if err != nil {
 		p.r.Destroy(s.ID)
@@ -401,7 +453,7 @@ func (p *Pool) refillOne() (bool, time.Duration, error) {
 		return false, 0, err
 	}
 	if p.closed {
-		p.r.Destroy(s.ID)
+		p.discard(s)
 		return false, 0, nil
 	}
 	p.waiting = append(p.waiting, s)
@@ -426,6 +478,6 @@ func (p *Pool) Close() {
 	p.waiting = nil
 	p.mu.Unlock()
 	for _, s := range waiting {
-		p.r.Destroy(s.ID)
+		p.discard(s)
 	}
 }

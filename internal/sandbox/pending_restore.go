@@ -1,0 +1,108 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// PendingRestore is a `runsc restore --image-path-from` of a created
+// container, started before its image is known: the runsc process has
+// started and waits for the image path on a pipe, so that a restore on
+// request skips runsc's own start. Only the fork's runsc has the flag.
+type PendingRestore struct {
+	d *detached
+	// send is the pipe's write end; nil once the image path is sent or the
+	// restore is cancelled.
+	send *os.File
+	// done is closed when the runsc process has exited; err is then its
+	// error.
+	done chan struct{}
+	err  error
+}
+
+// StartRestore starts `runsc restore --image-path-from` of container id,
+// which must have been created from bundle (Create), with extra restore
+// flags; the container's output keeps going to outPath. The process waits
+// for Restore or Cancel.
+func (r *Runsc) StartRestore(bundle, id, outPath string, extra ...string) (*PendingRestore, error) {
+	if r.Upstream {
+		return nil, errors.New("sandbox: upstream runsc has no restore --image-path-from")
+	}
+	recv, send, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"restore", "--image-path-from=/dev/stdin", "--bundle", bundle, "--detach"}, extra...)
+	d, err := r.detachedCommand(outPath, append(args, id)...)
+	if err != nil {
+		recv.Close()
+		send.Close()
+		return nil, err
+	}
+	d.cmd.Stdin = recv
+	err = d.cmd.Start()
+	recv.Close()
+	if err != nil {
+		send.Close()
+		d.close()
+		return nil, fmt.Errorf("starting runsc restore of %s: %w", id, err)
+	}
+	p := &PendingRestore{d: d, send: send, done: make(chan struct{})}
+	go func() {
+		if err := d.cmd.Wait(); err != nil {
+			p.err = d.failed(err)
+		}
+		d.close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Waiting reports whether p's runsc process still waits for its image.
+func (p *PendingRestore) Waiting() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return p.send != nil
+	}
+}
+
+// Restore sends the image path (made absolute) and waits until runsc
+// restore has exited, returning its error.
+func (p *PendingRestore) Restore(image string) error {
+	if p.send == nil {
+		return errors.New("sandbox: the pending restore was already used")
+	}
+	abs, err := filepath.Abs(image)
+	if err != nil {
+		return err
+	}
+	_, werr := p.send.WriteString(abs + "\n")
+	p.send.Close()
+	p.send = nil
+	<-p.done
+	if p.err != nil {
+		return p.err
+	}
+	if werr != nil {
+		return fmt.Errorf("sending the image path to runsc restore: %w", werr)
+	}
+	return nil
+}
+
+// Cancel closes the pipe without an image path, which ends the runsc
+// process with an error and leaves the container as it was, waits for it to
+// exit and returns that error (nil if it was already used by Restore).
+func (p *PendingRestore) Cancel() error {
+	if p.send == nil {
+		<-p.done
+		return nil
+	}
+	p.send.Close()
+	p.send = nil
+	<-p.done
+	return p.err
+}

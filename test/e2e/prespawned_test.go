@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forkvisor/forkvisor/internal/warmpool"
+)
+
+// TestWarmPoolPrespawned restores clones into sandboxes created beforehand
+// whose `runsc restore --image-path-from` was started beforehand too
+// (warmpool.NewPrespawned): each waiting sandbox has one such runsc process;
+// each clone continues the tick with its heap intact and keeps a private
+// mark; the pool refills; a waiting sandbox whose restore process or whose
+// sandbox was killed is replaced; Close leaves no sandbox and no runsc
+// process waiting.
+func TestWarmPoolPrespawned(t *testing.T) {
+	p := parkSource(t, 64)
+	pool, err := warmpool.NewPrespawned(p.r, p.bundle, t.TempDir(), "spawned", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, id := range pool.Waiting() {
+		if pids := pendingRestores(t, id); len(pids) != 1 {
+			t.Fatalf("waiting sandbox %s has %d runsc restore processes waiting for an image (%v), want 1", id, len(pids), pids)
+		}
+	}
+	if _, err := pool.Restore(p.image, "--background"); err == nil || !strings.Contains(err.Error(), "takes its flags when it is made") {
+		t.Fatalf("restore with flags from a prespawned pool: %v; want a refusal", err)
+	}
+
+	got := restoreFromPool(t, p, pool, 3)
+	checkPrivateMarks(t, p, got)
+
+	// The oldest waiting sandbox loses its restore process: the pool must
+	// not hand it out, and must replace it.
+	waiting := pool.Waiting()
+	pids := pendingRestores(t, waiting[0])
+	if len(pids) != 1 {
+		t.Fatalf("waiting sandbox %s: runsc restore processes %v, want 1", waiting[0], pids)
+	}
+	if err := killAndReap(pids[0]); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pool.Restore(p.image)
+	if err != nil {
+		t.Fatalf("restore after a waiting restore process was killed: %v", err)
+	}
+	if s.ID == waiting[0] {
+		t.Fatalf("restored into %s, whose restore process was killed", s.ID)
+	}
+	checkFirstTick(t, s.ID, s.Out, p.lastTick)
+	got = append(got, s)
+	if err := pool.Fill(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.r.Exec("state", waiting[0]); err == nil {
+		t.Errorf("sandbox %s, whose restore process was killed, still exists", waiting[0])
+	}
+
+	// The same when the sandbox itself dies.
+	got = append(got, restoreAfterKill(t, p, pool))
+
+	left := pool.Waiting()
+	checkPoolClose(t, p, pool, got)
+	for _, id := range left {
+		if pids := pendingRestores(t, id); len(pids) != 0 {
+			t.Errorf("runsc restore processes of %s still run after Close: %v", id, pids)
+		}
+	}
+}
+
+// TestPendingRestoreCancelled starts a `runsc restore --image-path-from` of a
+// created container and closes its pipe without an image path: runsc fails
+// with an error naming the file, and the container still waits, so that a
+// later restore of it works.
+func TestPendingRestoreCancelled(t *testing.T) {
+	p := parkSource(t, 32)
+	out := filepath.Join(p.dir, "c.out")
+	if err := p.r.Create(p.bundle, "c", out); err != nil {
+		t.Fatal(err)
+	}
+	defer p.r.Destroy("c")
+	pending, err := p.r.StartRestore(p.bundle, "c", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pending.Cancel()
+	if err == nil || !strings.Contains(err.Error(), "--image-path-from=/dev/stdin: end of file before a complete line") {
+		t.Fatalf("runsc restore whose pipe closed without an image path: %v; want an error naming the file", err)
+	}
+	if !p.r.Waiting("c") {
+		t.Fatalf("container c no longer waits after the cancelled restore")
+	}
+	// Both flags at once are refused before anything waits.
+	if _, err := p.r.Exec("restore", "--image-path", p.image, "--image-path-from=/dev/null", "--bundle", p.bundle, "--detach", "c"); err == nil || !strings.Contains(err.Error(), "--image-path and --image-path-from are exclusive") {
+		t.Fatalf("restore with both --image-path and --image-path-from: %v; want a refusal", err)
+	}
+	pending, err = p.r.StartRestore(p.bundle, "c", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := pending.Restore(p.image); err != nil {
+		t.Fatal(err)
+	}
+	checkFirstTick(t, "c", out, p.lastTick)
+	t.Logf("restore of c after its image path was sent: %v to the first tick", time.Since(start))
+}
+
+// pendingRestores returns the PIDs of runsc processes that restore container
+// id with --image-path-from.
+func pendingRestores(t *testing.T, id string) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
+		if len(args) > 2 && args[len(args)-1] == id && slices.Contains(args, "restore") && hasPrefixArg(args, "--image-path-from") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func hasPrefixArg(args []string, prefix string) bool {
+	return slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, prefix) })
+}
