@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/forkvisor/forkvisor/internal/memstat"
 	"github.com/forkvisor/forkvisor/internal/sandbox"
 )
 
@@ -46,6 +47,11 @@ const (
 	// as an orchestrator's pool of that size holds them; the burst
 	// restores the image into them.
 	burstPrestarted burstMode = "prestarted"
+	// burstPrespawned: n sandboxes created beforehand, each with its
+	// `runsc restore --image-path-from` started beforehand too (forkvisor
+	// only), as a pool made by warmpool.NewPrespawned holds them; the burst
+	// sends each the image path.
+	burstPrespawned burstMode = "prespawned"
 	// burstPrerestored: n clones of the image restored beforehand with
 	// `runsc restore --paused` (forkvisor only: upstream cannot restore
 	// without running the tasks), as a pool of paused clones
@@ -64,7 +70,7 @@ func burst(dir string, runtimes []runtimeConfig, n, heapMiB int) []BurstResult {
 		defer os.RemoveAll(base)
 		modes := []burstMode{burstPlain, burstPrestarted}
 		if rt.name == "forkvisor" {
-			modes = append(modes, burstPrerestored)
+			modes = append(modes, burstPrespawned, burstPrerestored)
 		}
 		var rs []BurstResult
 		for _, mode := range modes {
@@ -86,6 +92,7 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 	res := BurstResult{Runtime: rt.name, Mode: mode, HeapMiB: heapMiB, Restores: n, RestoreMs: make([]float64, n), CPUMs: make([]float64, n)}
 	ids, outs := make([]string, n), make([]string, n)
 	createCPU := make([]time.Duration, n)
+	pending := make([]*sandbox.PendingRestore, n)
 	for i := 0; i < n; i++ {
 		// Fixed-width IDs: runsc resolves a container ID that matches no
 		// container as a unique prefix of one, so "burst1" restored while
@@ -95,6 +102,13 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 		switch mode {
 		case burstPrestarted:
 			must(r.Create(p.bundle, ids[i], outs[i]))
+		case burstPrespawned:
+			// What warmpool.NewPrespawned does, without its pool (see
+			// below).
+			must(r.Create(p.bundle, ids[i], outs[i]))
+			var err error
+			pending[i], err = r.StartRestore(p.bundle, ids[i], outs[i], rt.restoreArgs...)
+			must(err)
 		case burstPrerestored:
 			// What warmpool.NewRestored does, without its pool: a burst
 			// through Pool.Restore would start refills next to the
@@ -117,6 +131,16 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 		pool, err := r.Memory(ids...)
 		must(err)
 		res.PoolPssMiB = float64(pool.All.Total()) / 1024
+		if mode == burstPrespawned {
+			// The waiting runsc processes are part of what the pool holds.
+			var pids []int
+			for _, pr := range pending {
+				pids = append(pids, pr.Pid())
+			}
+			waiting, err := memstat.Processes(pids)
+			must(err)
+			res.PoolPssMiB += float64(waiting.Total()) / 1024
+		}
 	}
 	errs := make([]error, n)
 	ends := make([]time.Time, n)
@@ -129,9 +153,12 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			// Not RestoreFirstTick: 16 goroutines polling every
 			// millisecond would take CPU from the restores they time.
 			var err error
-			if mode == burstPrerestored {
+			switch {
+			case mode == burstPrerestored:
 				err = r.Resume(ids[i])
-			} else {
+			case pending[i] != nil:
+				err = pending[i].Restore(p.image)
+			default:
 				err = r.Restore(p.bundle, ids[i], p.image, outs[i], rt.restoreArgs...)
 			}
 			if err != nil {
@@ -179,7 +206,7 @@ func printBurst(results []BurstResult) {
 		return
 	}
 	r0 := results[0]
-	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prerestored: %d resumes of clones restored paused beforehand (neither timed; pool_MiB: their memory while they wait)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
+	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prespawned: the same with each one's runsc restore --image-path-from started beforehand too, prerestored: %d resumes of clones restored paused beforehand (none of that timed; pool_MiB: their memory while they wait, prespawned's runsc processes included)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
 	fmt.Printf("%-11s %-11s %9s %9s %9s %12s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_MiB", "pool_MiB")
 	for _, r := range results {
 		fmt.Printf("%-11s %-11s %9.0f %9.0f %9.0f %12.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB, r.PoolPssMiB)
@@ -210,7 +237,7 @@ func printBurst(results []BurstResult) {
 		if b := best(burstPlain); b.WallMs > 0 && b.TotalPssMiB > 0 {
 			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
 		}
-		if b := best(burstPlain, burstPrestarted); r.Mode == burstPrerestored && b.Mode != burstPlain && b.WallMs > 0 && b.TotalPssMiB > 0 {
+		if b := best(burstPlain, burstPrestarted); (r.Mode == burstPrerestored || r.Mode == burstPrespawned) && b.Mode != burstPlain && b.WallMs > 0 && b.TotalPssMiB > 0 {
 			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
 		}
 	}

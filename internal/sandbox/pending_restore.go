@@ -60,6 +60,11 @@ func (r *Runsc) StartRestore(bundle, id, outPath string, extra ...string) (*Pend
 	return p, nil
 }
 
+// Pid returns the PID of p's runsc process.
+func (p *PendingRestore) Pid() int {
+	return p.d.cmd.Process.Pid
+}
+
 // Waiting reports whether p's runsc process still waits for its image.
 func (p *PendingRestore) Waiting() bool {
 	select {
