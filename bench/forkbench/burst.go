@@ -134,7 +134,10 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 		if mode == burstPrespawned {
 			// The waiting runsc processes are part of what the pool holds.
 			var pids []int
-			for _, pr := range pending {
+			for i, pr := range pending {
+				if !pr.Waiting() {
+					fatalf("burst %s: the prespawned runsc restore of %s ended before the burst", rt.name, ids[i])
+				}
 				pids = append(pids, pr.Pid())
 			}
 			waiting, err := memstat.Processes(pids)

@@ -142,8 +142,9 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		must(err)
 		defer paused.Close()
 	}
-	// settle waits until every pool has refilled, so that no refill runs
-	// while the next measurement starts. (A pool refills
+	// settle waits until every pool has refilled and the refills' new
+	// processes have started, so that no refill runs while the next
+	// measurement starts. (A pool refills
 	// warmpool.RefillDelay after its request is served, when a tick clone
 	// has printed its first line; the CPython agent's first output comes
 	// later and still overlaps the refill.)
@@ -155,6 +156,11 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		if paused != nil {
 			must(paused.Fill(time.Minute))
 		}
+		// Fill returns once a refill's processes are started: a
+		// prespawned runsc restore still initializes (tens of ms of
+		// CPU) and a new sandbox loads its seccomp programs. Let that
+		// end before the next measurement.
+		time.Sleep(300 * time.Millisecond)
 	}
 	// fromPool measures a restore from p, start → first output, and
 	// destroys the clone.

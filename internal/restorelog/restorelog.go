@@ -78,6 +78,10 @@ var Steps = []Phase{
 	// length depends on how soon every thread gets a CPU.
 	{"capability bounding set trimmed (sandbox)", "current capabilities read", "bounding set trimmed on all threads"},
 	{"seccheck.Initialize (sandbox)", "resolved mounts read", "seccheck initialized"},
+	// A precompiled seccomp program looked up and rendered, on the start's
+	// or restore's path (the lookup built the table of all of them before
+	// patch 0044 moved that to while the sandbox waits).
+	{"seccomp program looked up, rendered (sandbox)", "pre-seccomp callback done", "precompiled seccomp program rendered"},
 	{"page tables of restored memory (sandbox)", "MFs loaded", "restored memory populated"},
 }
 

@@ -7,10 +7,16 @@ import (
 	"path/filepath"
 )
 
+// ErrRestoreNotStarted is the error of PendingRestore.Restore when the image
+// path could not be sent because the runsc process had already ended: the
+// restore did not start, so the container is as it was before.
+var ErrRestoreNotStarted = errors.New("sandbox: the pending runsc restore ended before its image path was sent")
+
 // PendingRestore is a `runsc restore --image-path-from` of a created
 // container, started before its image is known: the runsc process has
 // started and waits for the image path on a pipe, so that a restore on
-// request skips runsc's own start. Only the fork's runsc has the flag.
+// request skips runsc's own start. Only the fork's runsc has the flag. A
+// PendingRestore is not safe for concurrent use.
 type PendingRestore struct {
 	d *detached
 	// send is the pipe's write end; nil once the image path is sent or the
@@ -44,18 +50,22 @@ func (r *Runsc) StartRestore(bundle, id, outPath string, extra ...string) (*Pend
 	d.cmd.Stdin = recv
 	err = d.cmd.Start()
 	recv.Close()
+	// The child has its own descriptors of the output files; errf is read
+	// by name if the process fails.
+	d.close(false)
 	if err != nil {
 		send.Close()
-		d.close()
+		os.Remove(d.errf.Name())
 		return nil, fmt.Errorf("starting runsc restore of %s: %w", id, err)
 	}
 	p := &PendingRestore{d: d, send: send, done: make(chan struct{})}
 	go func() {
-		if err := d.cmd.Wait(); err != nil {
+		err := d.cmd.Wait()
+		if err != nil {
 			p.err = d.failed(err)
 		}
-		d.close()
 		close(p.done)
+		os.Remove(d.errf.Name())
 	}()
 	return p, nil
 }
@@ -65,7 +75,9 @@ func (p *PendingRestore) Pid() int {
 	return p.d.cmd.Process.Pid
 }
 
-// Waiting reports whether p's runsc process still waits for its image.
+// Waiting reports whether p's runsc process still waits for its image. A
+// process may end right after: Restore then fails with
+// ErrRestoreNotStarted.
 func (p *PendingRestore) Waiting() bool {
 	select {
 	case <-p.done:
@@ -76,26 +88,33 @@ func (p *PendingRestore) Waiting() bool {
 }
 
 // Restore sends the image path (made absolute) and waits until runsc
-// restore has exited, returning its error.
+// restore has exited, returning its error. If the process had already
+// ended, the error wraps ErrRestoreNotStarted.
 func (p *PendingRestore) Restore(image string) error {
 	if p.send == nil {
 		return errors.New("sandbox: the pending restore was already used")
 	}
 	abs, err := filepath.Abs(image)
 	if err != nil {
+		p.Cancel()
 		return err
+	}
+	select {
+	case <-p.done:
+		p.send.Close()
+		p.send = nil
+		return fmt.Errorf("%w: %v", ErrRestoreNotStarted, p.err)
+	default:
 	}
 	_, werr := p.send.WriteString(abs + "\n")
 	p.send.Close()
 	p.send = nil
 	<-p.done
-	if p.err != nil {
-		return p.err
-	}
 	if werr != nil {
-		return fmt.Errorf("sending the image path to runsc restore: %w", werr)
+		// Nobody read the line: the process ended before (EPIPE).
+		return fmt.Errorf("%w: %v (%v)", ErrRestoreNotStarted, werr, p.err)
 	}
-	return nil
+	return p.err
 }
 
 // Cancel closes the pipe without an image path, which ends the runsc

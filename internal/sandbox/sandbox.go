@@ -105,7 +105,7 @@ func (r *Runsc) startDetached(outPath string, args ...string) error {
 	if err != nil {
 		return err
 	}
-	defer d.close()
+	defer d.close(true)
 	if err := d.cmd.Run(); err != nil {
 		return d.failed(err)
 	}
@@ -150,11 +150,15 @@ func (d *detached) failed(err error) error {
 	return fmt.Errorf("runsc %s: %w: %s", strings.Join(d.args, " "), err, strings.TrimSpace(string(msg)))
 }
 
-// close releases d's files once its command has ended or failed to start.
-func (d *detached) close() {
+// close closes d's descriptors of its files once its command has started
+// (the child has its own) or has ended, and removes the stderr file if
+// remove is set.
+func (d *detached) close(remove bool) {
 	d.out.Close()
-	os.Remove(d.errf.Name())
 	d.errf.Close()
+	if remove {
+		os.Remove(d.errf.Name())
+	}
 }
 
 // Run starts container id from bundle, detached; its output goes to outPath.

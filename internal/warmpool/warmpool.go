@@ -27,7 +27,9 @@
 // the sandbox's part of a small restore on 2 CPUs) is then off the request
 // path as well; each waiting sandbox costs one more idle runsc process. A
 // waiting sandbox whose restore process died is destroyed and replaced like
-// one whose sandbox died.
+// one whose sandbox died; if the process dies after Restore took its sandbox
+// but before it read the path, Restore restores into that sandbox with a
+// runsc restore of its own.
 //
 // A pool made by NewRestored is bound to one image as well: each waiting
 // sandbox is a clone restored from it with `runsc restore --paused` (its
@@ -262,6 +264,12 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 		pending := s.restore
 		s.restore = nil
 		err = pending.Restore(image)
+		if errors.Is(err, sandbox.ErrRestoreNotStarted) && p.r.Waiting(s.ID) {
+			// Its runsc process ended after take looked (killed, say),
+			// before it read the path: the sandbox still waits, so
+			// restore into it the plain way.
+			err = p.r.Restore(p.bundle, s.ID, image, s.Out, p.restoreArgs...)
+		}
 	} else {
 		err = p.r.Restore(p.bundle, s.ID, image, s.Out, extra...)
 	}
@@ -445,18 +453,21 @@ func (p *Pool) refillOne() (bool, time.Duration, error) {
 	p.mu.Unlock()
 	s, err := p.create()
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	defer p.cond.Broadcast()
 	p.attempts++
 	p.lastErr = err
 	if err != nil {
+		p.mu.Unlock()
 		return false, 0, err
 	}
 	if p.closed {
+		p.mu.Unlock()
+		// Not under p.mu: discard waits for processes.
 		p.discard(s)
 		return false, 0, nil
 	}
 	p.waiting = append(p.waiting, s)
+	p.mu.Unlock()
 	return true, 0, nil
 }
 

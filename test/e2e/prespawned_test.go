@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,7 +37,20 @@ func TestWarmPoolPrespawned(t *testing.T) {
 		t.Fatalf("restore with flags from a prespawned pool: %v; want a refusal", err)
 	}
 
+	// The oldest waiting sandbox is handed out, and its waiting runsc
+	// restore serves the request: it exits, and no other starts.
+	first := pool.Waiting()[0]
+	servedBy := pendingRestores(t, first)
 	got := restoreFromPool(t, p, pool, 3)
+	if got[0].ID != first {
+		t.Fatalf("the first restore went into %s, want the oldest waiting sandbox %s", got[0].ID, first)
+	}
+	if err := processGone(servedBy[0]); err != nil {
+		t.Errorf("the waiting runsc restore of %s: %v", first, err)
+	}
+	if pids := pendingRestores(t, first); len(pids) != 0 {
+		t.Errorf("runsc restore processes of %s after it was handed out: %v", first, pids)
+	}
 	checkPrivateMarks(t, p, got)
 
 	// The oldest waiting sandbox loses its restore process: the pool must
@@ -80,7 +94,9 @@ func TestWarmPoolPrespawned(t *testing.T) {
 // TestPendingRestoreCancelled starts a `runsc restore --image-path-from` of a
 // created container and closes its pipe without an image path: runsc fails
 // with an error naming the file, and the container still waits, so that a
-// later restore of it works.
+// later restore of it works. A container removed while its restore waits is
+// not replaced by another one whose ID it prefixes (runsc otherwise matches
+// IDs by unique prefix), nor by a new sandbox: the restore fails saying so.
 func TestPendingRestoreCancelled(t *testing.T) {
 	p := parkSource(t, 32)
 	out := filepath.Join(p.dir, "c.out")
@@ -113,6 +129,45 @@ func TestPendingRestoreCancelled(t *testing.T) {
 	}
 	checkFirstTick(t, "c", out, p.lastTick)
 	t.Logf("restore of c after its image path was sent: %v to the first tick", time.Since(start))
+
+	// "d" is removed while its restore waits, and "d-other", which "d"
+	// matches as a unique prefix once "d" is gone, is created. (While both
+	// exist, runsc refuses "d" as ambiguous.)
+	if err := p.r.Create(p.bundle, "d", filepath.Join(p.dir, "d.out")); err != nil {
+		t.Fatal(err)
+	}
+	pending, err = p.r.StartRestore(p.bundle, "d", filepath.Join(p.dir, "d.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Let runsc load "d" before it is removed.
+	time.Sleep(500 * time.Millisecond)
+	p.r.Destroy("d")
+	if err := p.r.Create(p.bundle, "d-other", filepath.Join(p.dir, "d-other.out")); err != nil {
+		t.Fatal(err)
+	}
+	defer p.r.Destroy("d-other")
+	if err := pending.Restore(p.image); err == nil || !strings.Contains(err.Error(), `container "d" was removed while the restore waited for its image path`) {
+		t.Fatalf("restore of a container removed during the wait: %v; want a refusal saying so", err)
+	}
+	if !p.r.Waiting("d-other") {
+		t.Errorf("d-other no longer waits: the restore of the removed d went into it")
+	}
+	// Not `runsc state d`: "d" matches "d-other" by prefix.
+	if m, _ := filepath.Glob(filepath.Join(p.r.Root, "*_sandbox:d.state")); len(m) != 0 {
+		t.Errorf("a container d exists again after the refused restore: %v", m)
+	}
+}
+
+// processGone waits up to 5 s for process pid to be gone.
+func processGone(pid int) error {
+	for i := 0; i < 500; i++ {
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err != nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("process %d still runs", pid)
 }
 
 // pendingRestores returns the PIDs of runsc processes that restore container
