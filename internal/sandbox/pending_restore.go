@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // ErrRestoreNotStarted is the error of PendingRestore.Restore when the image
@@ -83,7 +84,9 @@ func (p *PendingRestore) Waiting() bool {
 	case <-p.done:
 		return false
 	default:
-		return p.send != nil
+		// done closes only after the process's stderr is read: look at
+		// the process itself too.
+		return p.send != nil && alive(p.Pid())
 	}
 }
 
@@ -110,9 +113,12 @@ func (p *PendingRestore) Restore(image string) error {
 	p.send.Close()
 	p.send = nil
 	<-p.done
-	if werr != nil {
-		// Nobody read the line: the process ended before (EPIPE).
+	switch {
+	case errors.Is(werr, syscall.EPIPE):
+		// Nobody read the line: the process had ended.
 		return fmt.Errorf("%w: %v (%v)", ErrRestoreNotStarted, werr, p.err)
+	case werr != nil:
+		return fmt.Errorf("sending the image path to runsc restore: %w (runsc: %v)", werr, p.err)
 	}
 	return p.err
 }

@@ -124,7 +124,7 @@ type Pool struct {
 	done   chan struct{}
 }
 
-// New creates a pool of size sandboxes of bundle under r, named prefix-N,
+// New creates a pool of size sandboxes of bundle under r, named prefix-NNNNNN (a number of six digits),
 // with their output in dir, and returns once they all wait.
 func New(r *sandbox.Runsc, bundle, dir, prefix string, size int) (*Pool, error) {
 	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size})
@@ -142,7 +142,7 @@ func NewPrespawned(r *sandbox.Runsc, bundle, dir, prefix string, size int, extra
 
 // NewRestored creates a pool of size clones of the checkpoint in image,
 // restored into bundle paused (extra flags go to runsc restore), named
-// prefix-N with their output in dir, and returns once they all wait.
+// prefix-NNNNNN with their output in dir, and returns once they all wait.
 // Restore of image resumes one of them.
 func NewRestored(r *sandbox.Runsc, bundle, image, dir, prefix string, size int, extra ...string) (*Pool, error) {
 	if image == "" {
@@ -328,7 +328,9 @@ func (p *Pool) discard(s Sandbox) {
 // create creates one sandbox: created, or restored paused from p.image.
 func (p *Pool) create() (Sandbox, error) {
 	p.mu.Lock()
-	s := Sandbox{ID: fmt.Sprintf("%s-%d", p.prefix, p.next)}
+	// Fixed width: runsc resolves a container ID by unique prefix and
+	// refuses one that prefixes another ("warm-1" once "warm-10" exists).
+	s := Sandbox{ID: fmt.Sprintf("%s-%06d", p.prefix, p.next)}
 	p.next++
 	p.mu.Unlock()
 	s.Out = filepath.Join(p.dir, s.ID+".out")

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forkvisor/forkvisor/internal/sandbox"
 	"github.com/forkvisor/forkvisor/internal/warmpool"
 )
 
@@ -41,6 +43,9 @@ func TestWarmPoolPrespawned(t *testing.T) {
 	// restore serves the request: it exits, and no other starts.
 	first := pool.Waiting()[0]
 	servedBy := pendingRestores(t, first)
+	if len(servedBy) != 1 {
+		t.Fatalf("waiting sandbox %s: runsc restore processes %v, want 1", first, servedBy)
+	}
 	got := restoreFromPool(t, p, pool, 3)
 	if got[0].ID != first {
 		t.Fatalf("the first restore went into %s, want the oldest waiting sandbox %s", got[0].ID, first)
@@ -140,8 +145,9 @@ func TestPendingRestoreCancelled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Let runsc load "d" before it is removed.
-	time.Sleep(500 * time.Millisecond)
+	// Let runsc load "d" before it is removed (a runsc process starts in
+	// tens of milliseconds here when idle).
+	time.Sleep(2 * time.Second)
 	p.r.Destroy("d")
 	if err := p.r.Create(p.bundle, "d-other", filepath.Join(p.dir, "d-other.out")); err != nil {
 		t.Fatal(err)
@@ -157,6 +163,42 @@ func TestPendingRestoreCancelled(t *testing.T) {
 	if m, _ := filepath.Glob(filepath.Join(p.r.Root, "*_sandbox:d.state")); len(m) != 0 {
 		t.Errorf("a container d exists again after the refused restore: %v", m)
 	}
+}
+
+// TestPendingRestoreNotStarted kills a `runsc restore --image-path-from`
+// before it reads its image path: PendingRestore stops reporting it waiting,
+// Restore fails with sandbox.ErrRestoreNotStarted, the container still waits,
+// and a plain restore into it works (what warmpool.Pool.Restore then does).
+func TestPendingRestoreNotStarted(t *testing.T) {
+	p := parkSource(t, 32)
+	out := filepath.Join(p.dir, "c.out")
+	if err := p.r.Create(p.bundle, "c", out); err != nil {
+		t.Fatal(err)
+	}
+	defer p.r.Destroy("c")
+	pending, err := p.r.StartRestore(p.bundle, "c", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pending.Waiting() {
+		t.Fatalf("the pending restore does not wait")
+	}
+	if err := killAndReap(pending.Pid()); err != nil {
+		t.Fatal(err)
+	}
+	if pending.Waiting() {
+		t.Errorf("the pending restore still reports waiting after its process was killed")
+	}
+	if err := pending.Restore(p.image); !errors.Is(err, sandbox.ErrRestoreNotStarted) {
+		t.Fatalf("restore through a killed pending restore: %v; want %v", err, sandbox.ErrRestoreNotStarted)
+	}
+	if !p.r.Waiting("c") {
+		t.Fatalf("container c no longer waits")
+	}
+	if err := p.r.Restore(p.bundle, "c", p.image, out); err != nil {
+		t.Fatal(err)
+	}
+	checkFirstTick(t, "c", out, p.lastTick)
 }
 
 // processGone waits up to 5 s for process pid to be gone.
