@@ -159,9 +159,10 @@ func TestPendingRestoreCancelled(t *testing.T) {
 	if !p.r.Waiting("d-other") {
 		t.Errorf("d-other no longer waits: the restore of the removed d went into it")
 	}
-	// Not `runsc state d`: "d" matches "d-other" by prefix.
-	if m, _ := filepath.Glob(filepath.Join(p.r.Root, "*_sandbox:d.state")); len(m) != 0 {
-		t.Errorf("a container d exists again after the refused restore: %v", m)
+	// Not `runsc state d`: "d" matches "d-other" by prefix. Neither its
+	// state file nor its lock file is back.
+	if m, _ := filepath.Glob(filepath.Join(p.r.Root, "d_sandbox:d.*")); len(m) != 0 {
+		t.Errorf("files of a container d exist again after the refused restore: %v", m)
 	}
 }
 
