@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,7 +49,7 @@ func TestWarmPoolPrespawned(t *testing.T) {
 	if got[0].ID != first {
 		t.Fatalf("the first restore went into %s, want the oldest waiting sandbox %s", got[0].ID, first)
 	}
-	if err := processGone(servedBy[0]); err != nil {
+	if err := processGone(servedBy[0], 5*time.Second); err != nil {
 		t.Errorf("the waiting runsc restore of %s: %v", first, err)
 	}
 	if pids := pendingRestores(t, first); len(pids) != 0 {
@@ -103,17 +102,8 @@ func TestWarmPoolPrespawned(t *testing.T) {
 // not replaced by another one whose ID it prefixes (runsc otherwise matches
 // IDs by unique prefix), nor by a new sandbox: the restore fails saying so.
 func TestPendingRestoreCancelled(t *testing.T) {
-	p := parkSource(t, 32)
-	out := filepath.Join(p.dir, "c.out")
-	if err := p.r.Create(p.bundle, "c", out); err != nil {
-		t.Fatal(err)
-	}
-	defer p.r.Destroy("c")
-	pending, err := p.r.StartRestore(p.bundle, "c", out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pending.Cancel()
+	p, out, pending := createPending(t)
+	err := pending.Cancel()
 	if err == nil || !strings.Contains(err.Error(), "--image-path-from=/dev/stdin: end of file before a complete line") {
 		t.Fatalf("runsc restore whose pipe closed without an image path: %v; want an error naming the file", err)
 	}
@@ -171,16 +161,7 @@ func TestPendingRestoreCancelled(t *testing.T) {
 // Restore fails with sandbox.ErrRestoreNotStarted, the container still waits,
 // and a plain restore into it works (what warmpool.Pool.Restore then does).
 func TestPendingRestoreNotStarted(t *testing.T) {
-	p := parkSource(t, 32)
-	out := filepath.Join(p.dir, "c.out")
-	if err := p.r.Create(p.bundle, "c", out); err != nil {
-		t.Fatal(err)
-	}
-	defer p.r.Destroy("c")
-	pending, err := p.r.StartRestore(p.bundle, "c", out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, out, pending := createPending(t)
 	if !pending.Waiting() {
 		t.Fatalf("the pending restore does not wait")
 	}
@@ -200,17 +181,6 @@ func TestPendingRestoreNotStarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFirstTick(t, "c", out, p.lastTick)
-}
-
-// processGone waits up to 5 s for process pid to be gone.
-func processGone(pid int) error {
-	for i := 0; i < 500; i++ {
-		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err != nil {
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return fmt.Errorf("process %d still runs", pid)
 }
 
 // pendingRestores returns the PIDs of runsc processes that restore container
@@ -241,4 +211,22 @@ func pendingRestores(t *testing.T, id string) []int {
 
 func hasPrefixArg(args []string, prefix string) bool {
 	return slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, prefix) })
+}
+
+// createPending parks a 32 MiB tick source, creates container "c" of its
+// bundle (destroyed at the end of the test) and starts a pending restore
+// of it; it returns the park, c's output file and the pending restore.
+func createPending(t *testing.T) (*parked, string, *sandbox.PendingRestore) {
+	t.Helper()
+	p := parkSource(t, 32)
+	out := filepath.Join(p.dir, "c.out")
+	if err := p.r.Create(p.bundle, "c", out); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.r.Destroy("c") })
+	pending, err := p.r.StartRestore(p.bundle, "c", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, out, pending
 }

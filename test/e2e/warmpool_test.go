@@ -195,11 +195,18 @@ func killAndReap(pid int) error {
 	if err := p.Kill(); err != nil {
 		return err
 	}
-	for i := 0; i < 100; i++ {
+	if err := processGone(pid, 2*time.Second); err != nil {
+		return fmt.Errorf("after SIGKILL: %w", err)
+	}
+	return nil
+}
+
+// processGone waits up to timeout for process pid to be gone.
+func processGone(pid int, timeout time.Duration) error {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
 			return nil
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Errorf("process %d still exists 2 s after SIGKILL", pid)
+	return fmt.Errorf("process %d still exists after %v", pid, timeout)
 }
