@@ -126,8 +126,13 @@ func TestSharedBaseWriterClones(t *testing.T) {
 			// Clones that apply the set have the page tables of what they
 			// copied filled before they run (patch 0034), so that their
 			// first stores do not fault page by page.
-			if got, want := maxPopulated(t, logs), uint64(mib*pct/100/2)<<20; got < want {
+			if got, want := maxLogged(t, logs, populatedRE), uint64(mib*pct/100/2)<<20; got < want {
 				t.Errorf("the most page table bytes a restore populated was %d, want at least %d (half of what each clone writes; debug logs in %s)", got, want, logs)
+			}
+			// A stub thread of each such clone then reads those pages
+			// from user mode while the clone runs (patch 0045).
+			if got, want := maxLogged(t, logs, touchedRE), uint64(mib*pct/100/2)<<20; got < want {
+				t.Errorf("the most bytes a restore touched from user mode was %d, want at least %d (debug logs in %s)", got, want, logs)
 			}
 			pss := fleetPss(t, p.r, ids)
 			t.Logf("%d clones storing into %d%% of %d MiB: total memory %.1f MiB, upstream %.1f MiB", clones, pct, mib, pss, upstream)
@@ -169,16 +174,20 @@ func logsContain(t *testing.T, dir, s string) bool {
 	return len(logLines(t, dir, s)) > 0
 }
 
-// populatedRE matches the line that kernel.PopulateRestoredMemory logs.
-var populatedRE = regexp.MustCompile(`Populated the page tables of (\d+) bytes of restored memory`)
+// populatedRE and touchedRE match the lines that kernel.PopulateRestoredMemory
+// and the user-mode touch that it starts log.
+var (
+	populatedRE = regexp.MustCompile(`Populated the page tables of (\d+) bytes of restored memory`)
+	touchedRE   = regexp.MustCompile(`Touched (\d+) bytes of restored memory from user mode`)
+)
 
-// maxPopulated returns the most bytes whose page tables a restore logged under
-// dir populated before its tasks ran (0 if none logged it).
-func maxPopulated(t *testing.T, dir string) uint64 {
+// maxLogged returns the largest number that re's first group matched in the
+// runsc debug logs under dir (0 if re matched nothing).
+func maxLogged(t *testing.T, dir string, re *regexp.Regexp) uint64 {
 	t.Helper()
 	var most uint64
-	for _, l := range logLines(t, dir, "Populated the page tables of") {
-		if m := populatedRE.FindStringSubmatch(l); m != nil {
+	for _, l := range logLines(t, dir, "") {
+		if m := re.FindStringSubmatch(l); m != nil {
 			n, err := strconv.ParseUint(m[1], 10, 64)
 			if err != nil {
 				t.Fatalf("%q: %v", l, err)
