@@ -134,6 +134,9 @@ func TestSharedBaseWriterClones(t *testing.T) {
 			if got, want := maxLogged(t, logs, touchedRE), uint64(mib*pct/100/2)<<20; got < want {
 				t.Errorf("the most bytes a restore touched from user mode was %d, want at least %d (debug logs in %s)", got, want, logs)
 			}
+			if l := logLines(t, logs, "Touching restored memory of MM"); len(l) != 0 {
+				t.Errorf("a restore's user-mode touch failed: %s", l[0])
+			}
 			pss := fleetPss(t, p.r, ids)
 			t.Logf("%d clones storing into %d%% of %d MiB: total memory %.1f MiB, upstream %.1f MiB", clones, pct, mib, pss, upstream)
 			if pss > upstream*1.05 {
