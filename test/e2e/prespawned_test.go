@@ -183,41 +183,6 @@ func TestPendingRestoreNotStarted(t *testing.T) {
 	checkFirstTick(t, "c", out, p.lastTick)
 }
 
-// TestPendingRestoreNetworkFirst checks that `runsc restore
-// --image-path-from` sets up the restore's network before it waits for its
-// image path (the network does not depend on the image): with the
-// container's sandbox dead, it fails at once, with no image path sent,
-// naming that step.
-func TestPendingRestoreNetworkFirst(t *testing.T) {
-	p := parkSource(t, 32)
-	out := filepath.Join(p.dir, "c.out")
-	if err := p.r.Create(p.bundle, "c", out); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.r.Destroy("c") })
-	pid, err := p.r.SandboxPID("c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := killAndReap(pid); err != nil {
-		t.Fatal(err)
-	}
-	pending, err := p.r.StartRestore(p.bundle, "c", out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); pending.Waiting() && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if pending.Waiting() {
-		pending.Cancel()
-		t.Fatalf("runsc restore of a container whose sandbox is dead still waits for its image path after 10 s")
-	}
-	if err := pending.Cancel(); err == nil || !strings.Contains(err.Error(), `container "c": setting up the restore's network before waiting for its image path`) {
-		t.Fatalf("runsc restore of a container whose sandbox is dead: %v; want a failure of the network's set-up, before the wait", err)
-	}
-}
-
 // pendingRestores returns the PIDs of runsc processes that restore container
 // id with --image-path-from.
 func pendingRestores(t *testing.T, id string) []int {
