@@ -130,9 +130,27 @@ func TestSharedBaseWriterClones(t *testing.T) {
 				t.Errorf("the most page table bytes a restore populated was %d, want at least %d (half of what each clone writes; debug logs in %s)", got, want, logs)
 			}
 			// A stub thread of each such clone then reads those pages
-			// from user mode while the clone runs (patch 0045).
-			if got, want := maxLogged(t, logs, touchedRE), uint64(mib*pct/100/2)<<20; got < want {
-				t.Errorf("the most bytes a restore touched from user mode was %d, want at least %d (debug logs in %s)", got, want, logs)
+			// from user mode while the clone runs (patch 0045), unless it
+			// finds that this does not pay: on a host where a page's
+			// first access is cheap, or once the clone has gone idle.
+			want := uint64(mib*pct/100/2) << 20
+			touchedEnough := false
+			touches := logLines(t, logs, "bytes of restored memory from user mode")
+			for _, l := range touches {
+				t.Logf("%s", l)
+				m := touchedRE.FindStringSubmatch(l)
+				if m == nil {
+					t.Errorf("unexpected touch line %q", l)
+					continue
+				}
+				n, err := strconv.ParseUint(m[1], 10, 64)
+				if err != nil {
+					t.Fatalf("%q: %v", l, err)
+				}
+				touchedEnough = touchedEnough || n >= want || strings.Contains(l, "; stopped: ")
+			}
+			if !touchedEnough {
+				t.Errorf("no restore touched at least %d bytes from user mode or said why it stopped: %q (debug logs in %s)", want, touches, logs)
 			}
 			if l := logLines(t, logs, "Touching restored memory of MM"); len(l) != 0 {
 				t.Errorf("a restore's user-mode touch failed: %s", l[0])
