@@ -131,27 +131,8 @@ func TestSharedBaseWriterClones(t *testing.T) {
 			}
 			// A stub thread of each such clone then reads those pages
 			// from user mode while the clone runs (patch 0045), unless it
-			// finds that this does not pay: on a host where a page's
-			// first access is cheap, or once the clone has gone idle.
-			want := uint64(mib*pct/100/2) << 20
-			touchedEnough := false
-			touches := logLines(t, logs, "bytes of restored memory from user mode")
-			for _, l := range touches {
-				t.Logf("%s", l)
-				m := touchedRE.FindStringSubmatch(l)
-				if m == nil {
-					t.Errorf("unexpected touch line %q", l)
-					continue
-				}
-				n, err := strconv.ParseUint(m[1], 10, 64)
-				if err != nil {
-					t.Fatalf("%q: %v", l, err)
-				}
-				touchedEnough = touchedEnough || n >= want || strings.Contains(l, "; stopped: ")
-			}
-			if !touchedEnough {
-				t.Errorf("no restore touched at least %d bytes from user mode or said why it stopped: %q (debug logs in %s)", want, touches, logs)
-			}
+			// finds that this does not pay, which it must say.
+			checkTouches(t, logs, uint64(mib*pct/100/2)<<20)
 			if l := logLines(t, logs, "Touching restored memory of MM"); len(l) != 0 {
 				t.Errorf("a restore's user-mode touch failed: %s", l[0])
 			}
@@ -196,11 +177,76 @@ func logsContain(t *testing.T, dir, s string) bool {
 }
 
 // populatedRE and touchedRE match the lines that kernel.PopulateRestoredMemory
-// and the user-mode touch that it starts log.
+// and the user-mode touch that it starts log; probeStopRE and idleStopRE the
+// reasons the touch gives for stopping early.
 var (
 	populatedRE = regexp.MustCompile(`Populated the page tables of (\d+) bytes of restored memory`)
 	touchedRE   = regexp.MustCompile(`Touched (\d+) bytes of restored memory from user mode`)
+	probeStopRE = regexp.MustCompile(`; stopped: a page's first access cost (\S+) \(median of the probes \[([^]]*)\]\): cheap on this host$`)
+	idleStopRE  = regexp.MustCompile(`; stopped: the tasks ran for (\S+), then none for (\S+)$`)
 )
+
+// checkTouches checks the user-mode touch of each restore, logged in its
+// own file under dir, that populated at least want bytes: it touched at
+// least want bytes, or it stopped for a reason that the policy
+// (kernel.touchStop) allows, after touching the five whole pieces of 64
+// pages that its probe needs. It fails if no restore populated that much.
+func checkTouches(t *testing.T, dir string, want uint64) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const probeBytes = 5 * 64 * 4096
+	checked := 0
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		var populated, touched uint64
+		var touchLine string
+		for _, l := range strings.Split(string(b), "\n") {
+			if m := populatedRE.FindStringSubmatch(l); m != nil {
+				populated, _ = strconv.ParseUint(m[1], 10, 64)
+			}
+			if m := touchedRE.FindStringSubmatch(l); m != nil {
+				touched, _ = strconv.ParseUint(m[1], 10, 64)
+				touchLine = l
+			}
+		}
+		if populated < want {
+			continue
+		}
+		checked++
+		t.Logf("%s: %s", e.Name(), touchLine)
+		switch {
+		case touchLine == "":
+			t.Errorf("%s: a restore that populated %d bytes logged no user-mode touch", e.Name(), populated)
+		case touched >= want:
+		case touched < probeBytes:
+			t.Errorf("%s: the touch stopped after %d bytes, before its probe could decide: %q", e.Name(), touched, touchLine)
+		default:
+			if m := probeStopRE.FindStringSubmatch(touchLine); m != nil {
+				median, err := time.ParseDuration(m[1])
+				if n := len(strings.Fields(m[2])); err != nil || median >= time.Microsecond || n != 5 {
+					t.Errorf("%s: the touch stopped on a probe median of %q (want below 1us) from %d probes (want 5): %q", e.Name(), m[1], n, touchLine)
+				}
+			} else if m := idleStopRE.FindStringSubmatch(touchLine); m != nil {
+				ran, err1 := time.ParseDuration(m[1])
+				idle, err2 := time.ParseDuration(m[2])
+				if err1 != nil || err2 != nil || ran < 5*time.Millisecond || idle < 20*time.Millisecond {
+					t.Errorf("%s: the touch stopped after the tasks ran %q and idled %q (want at least 5ms and 20ms): %q", e.Name(), m[1], m[2], touchLine)
+				}
+			} else {
+				t.Errorf("%s: a restore touched %d bytes from user mode, want at least %d or a reason the policy allows: %q", e.Name(), touched, want, touchLine)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Errorf("no restore populated at least %d bytes (debug logs in %s)", want, dir)
+	}
+}
 
 // maxLogged returns the largest number that re's first group matched in the
 // runsc debug logs under dir (0 if re matched nothing).
