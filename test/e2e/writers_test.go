@@ -92,12 +92,23 @@ func TestSharedBaseReadersShareMemory(t *testing.T) {
 // workload.
 func TestSharedBaseWriterClones(t *testing.T) {
 	const mib, clones = 64, 4
-	for _, pct := range []int{30, 100} {
+	// The 100% writer's clones touch all they populated whatever the
+	// host (--TESTONLY-touch-restored-always), so that the touch itself is
+	// checked where the policy would stop it; the 30% writer's clones
+	// check the policy.
+	for _, tc := range []struct {
+		pct         int
+		alwaysTouch bool
+	}{{30, false}, {100, true}} {
+		pct := tc.pct
 		t.Run(fmt.Sprintf("write%d", pct), func(t *testing.T) {
 			args := []string{"-write-pct", fmt.Sprint(pct)}
 			upstream := upstreamFleetPss(t, mib, clones, args...)
 
 			p := parkSource(t, mib, args...)
+			if tc.alwaysTouch {
+				p.r.Flags = append(p.r.Flags, "--TESTONLY-touch-restored-always")
+			}
 			logs := filepath.Join(p.dir, "logs")
 			if err := os.MkdirAll(logs, 0o755); err != nil {
 				t.Fatal(err)
@@ -132,7 +143,7 @@ func TestSharedBaseWriterClones(t *testing.T) {
 			// A stub thread of each such clone then reads those pages
 			// from user mode while the clone runs (patch 0045), unless it
 			// finds that this does not pay, which it must say.
-			checkTouches(t, logs, uint64(mib*pct/100/2)<<20)
+			checkTouches(t, logs, uint64(mib*pct/100/2)<<20, tc.alwaysTouch)
 			if l := logLines(t, logs, "Touching restored memory of MM"); len(l) != 0 {
 				t.Errorf("a restore's user-mode touch failed: %s", l[0])
 			}
@@ -188,10 +199,11 @@ var (
 
 // checkTouches checks the user-mode touch of each restore, logged in its
 // own file under dir, that populated at least want bytes: it touched at
-// least want bytes, or it stopped for a reason that the policy
-// (kernel.touchStop) allows, after touching the five whole pieces of 64
-// pages that its probe needs. It fails if no restore populated that much.
-func checkTouches(t *testing.T, dir string, want uint64) {
+// least want bytes, or, unless always, it stopped for a reason that the
+// policy (kernel.touchStop) allows, after touching the five whole pieces of
+// 64 pages that its probe needs. It fails if no restore populated that
+// much.
+func checkTouches(t *testing.T, dir string, want uint64, always bool) {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -223,7 +235,9 @@ func checkTouches(t *testing.T, dir string, want uint64) {
 		switch {
 		case touchLine == "":
 			t.Errorf("%s: a restore that populated %d bytes logged no user-mode touch", e.Name(), populated)
-		case touched >= want:
+		case touched >= want && !strings.Contains(touchLine, "; stopped: "):
+		case always:
+			t.Errorf("%s: with --TESTONLY-touch-restored-always, a restore touched %d bytes, want at least %d and no stop: %q", e.Name(), touched, want, touchLine)
 		case touched < probeBytes:
 			t.Errorf("%s: the touch stopped after %d bytes, before its probe could decide: %q", e.Name(), touched, touchLine)
 		default:
