@@ -396,17 +396,9 @@ func waitedBeforePreparing(t *testing.T, dir string) bool {
 // first is true before its first line that contains then.
 func logsInOrder(t *testing.T, dir string, first func(line string) bool, then string) bool {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
+	for _, f := range readLogs(t, dir) {
 		seen := false
-		for _, l := range strings.Split(string(b), "\n") {
+		for _, l := range f.lines {
 			if first(l) {
 				seen = true
 			}

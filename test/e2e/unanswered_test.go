@@ -87,17 +87,14 @@ func TestCheckpointKeepsAnUnansweredSave(t *testing.T) {
 // its boot command) under dir has a line that contains want.
 func bootLogsContain(t *testing.T, dir, want string) bool {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		if !strings.Contains(e.Name(), ".boot.") {
+	for _, f := range readLogs(t, dir) {
+		if !strings.Contains(f.name, ".boot.") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err == nil && strings.Contains(string(b), want) {
-			return true
+		for _, l := range f.lines {
+			if strings.Contains(l, want) {
+				return true
+			}
 		}
 	}
 	return false

@@ -181,12 +181,6 @@ func waitWriteSet(t *testing.T, path string) {
 	}
 }
 
-// logsContain reports whether a runsc debug log under dir contains s.
-func logsContain(t *testing.T, dir, s string) bool {
-	t.Helper()
-	return len(logLines(t, dir, s)) > 0
-}
-
 // populatedRE and touchedRE match the lines that kernel.PopulateRestoredMemory
 // and the user-mode touch that it starts log; probeStopRE and idleStopRE the
 // reasons the touch gives for stopping early.
@@ -205,20 +199,12 @@ var (
 // much.
 func checkTouches(t *testing.T, dir string, want uint64, always bool) {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const probeBytes = 5 * 64 * 4096
 	checked := 0
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
+	for _, f := range readLogs(t, dir) {
 		var populated, touched uint64
 		var touchLine string
-		for _, l := range strings.Split(string(b), "\n") {
+		for _, l := range f.lines {
 			if m := populatedRE.FindStringSubmatch(l); m != nil {
 				populated, _ = strconv.ParseUint(m[1], 10, 64)
 			}
@@ -231,29 +217,29 @@ func checkTouches(t *testing.T, dir string, want uint64, always bool) {
 			continue
 		}
 		checked++
-		t.Logf("%s: %s", e.Name(), touchLine)
+		t.Logf("%s: %s", f.name, touchLine)
 		switch {
 		case touchLine == "":
-			t.Errorf("%s: a restore that populated %d bytes logged no user-mode touch", e.Name(), populated)
+			t.Errorf("%s: a restore that populated %d bytes logged no user-mode touch", f.name, populated)
 		case touched >= want && !strings.Contains(touchLine, "; stopped: "):
 		case always:
-			t.Errorf("%s: with --TESTONLY-touch-restored-always, a restore touched %d bytes, want at least %d and no stop: %q", e.Name(), touched, want, touchLine)
+			t.Errorf("%s: with --TESTONLY-touch-restored-always, a restore touched %d bytes, want at least %d and no stop: %q", f.name, touched, want, touchLine)
 		case touched < probeBytes:
-			t.Errorf("%s: the touch stopped after %d bytes, before its probe could decide: %q", e.Name(), touched, touchLine)
+			t.Errorf("%s: the touch stopped after %d bytes, before its probe could decide: %q", f.name, touched, touchLine)
 		default:
 			if m := probeStopRE.FindStringSubmatch(touchLine); m != nil {
 				median, err := time.ParseDuration(m[1])
 				if n := len(strings.Fields(m[2])); err != nil || median >= time.Microsecond || n != 5 {
-					t.Errorf("%s: the touch stopped on a probe median of %q (want below 1us) from %d probes (want 5): %q", e.Name(), m[1], n, touchLine)
+					t.Errorf("%s: the touch stopped on a probe median of %q (want below 1us) from %d probes (want 5): %q", f.name, m[1], n, touchLine)
 				}
 			} else if m := idleStopRE.FindStringSubmatch(touchLine); m != nil {
 				ran, err1 := time.ParseDuration(m[1])
 				idle, err2 := time.ParseDuration(m[2])
 				if err1 != nil || err2 != nil || ran < 5*time.Millisecond || idle < 20*time.Millisecond {
-					t.Errorf("%s: the touch stopped after the tasks ran %q and idled %q (want at least 5ms and 20ms): %q", e.Name(), m[1], m[2], touchLine)
+					t.Errorf("%s: the touch stopped after the tasks ran %q and idled %q (want at least 5ms and 20ms): %q", f.name, m[1], m[2], touchLine)
 				}
 			} else {
-				t.Errorf("%s: a restore touched %d bytes from user mode, want at least %d or a reason the policy allows: %q", e.Name(), touched, want, touchLine)
+				t.Errorf("%s: a restore touched %d bytes from user mode, want at least %d or a reason the policy allows: %q", f.name, touched, want, touchLine)
 			}
 		}
 	}
@@ -277,29 +263,6 @@ func maxLogged(t *testing.T, dir string, re *regexp.Regexp) uint64 {
 		}
 	}
 	return most
-}
-
-// logLines returns the lines of the runsc debug logs under dir that contain
-// s.
-func logLines(t *testing.T, dir, s string) []string {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.Contains(l, s) {
-				lines = append(lines, l)
-			}
-		}
-	}
-	return lines
 }
 
 // stubMaps returns the largest number of host mappings of any process of the
@@ -392,18 +355,10 @@ func TestSharedBaseSurvivesStubENOMEM(t *testing.T) {
 	}
 	// The log is rate-limited: its last count is a lower bound.
 	most := 0
-	entries, err := os.ReadDir(logs)
-	if err != nil {
-		t.Fatal(err)
-	}
 	count := regexp.MustCompile(`\((\d+) times in this sentry\)`)
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(logs, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range count.FindAllSubmatch(b, -1) {
-			n, _ := strconv.Atoi(string(m[1]))
+	for _, l := range logLines(t, logs, " times in this sentry)") {
+		for _, m := range count.FindAllStringSubmatch(l, -1) {
+			n, _ := strconv.Atoi(m[1])
 			most = max(most, n)
 		}
 	}
