@@ -31,8 +31,8 @@ func listBases(t *testing.T, p *parked) []storedBase {
 // TestBaseStore parks a sandbox into the node base store and checks what a
 // node operator relies on: the image links the stored base, keeps working
 // when its directory moves or loses its base.img, the store refuses to
-// remove a base in use, collects it once unused, and refuses a stored base
-// changed in place.
+// remove a base that an image or a running clone uses, collects it once
+// unused, and refuses a stored base changed in place.
 func TestBaseStore(t *testing.T) {
 	p := parkSource(t, 32)
 	bases := listBases(t, p)
@@ -88,13 +88,24 @@ func TestBaseStore(t *testing.T) {
 	}
 	flipByteAt(t, stored, off)
 
-	// Unused once its images are gone: gc removes it.
+	// A clone still runs over it once its images are gone: its next park
+	// references the base, so neither remove nor gc takes it.
+	p.restoreClone(t, "holder", noBase, p.lastTick)
 	if err := os.RemoveAll(moved); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.RemoveAll(noBase); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := p.r.Exec("bases", "remove", digest); err == nil || !strings.Contains(err.Error(), "mapped or held open by running processes") {
+		t.Errorf("bases remove of a base a running clone maps: %v", err)
+	}
+	if out, err := p.r.Exec("bases", "--min-age=0", "gc"); err != nil || strings.Contains(out, "removed") {
+		t.Errorf("bases gc removed a base a running clone maps: %q, %v", out, err)
+	}
+	p.r.Destroy("holder")
+
+	// Unused once its images and clones are gone: gc removes it.
 	out, err := p.r.Exec("bases", "--min-age=0", "gc")
 	if err != nil || !strings.Contains(out, "removed "+digest) {
 		t.Errorf("bases gc after the images were removed: %q, %v", out, err)

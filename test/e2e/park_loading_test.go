@@ -75,3 +75,43 @@ func checkPauseOutsideLoad(t *testing.T, dir string, loadSeconds int) {
 		t.Errorf("the park paused the sandbox for %s, at least half of the %ds load: the load was held in the pause", d, loadSeconds)
 	}
 }
+
+// TestCheckpointRefusedBeforeLoadWait parks, without --shared-base, a clone
+// whose layer (a filestore saved in its image) a restore --background still
+// loads, slowly. The park would silently need the base the clone runs over,
+// so it is refused, and at once: the sandbox's log shows no wait for the
+// load before the refusal. The clone then parks with --shared-base, which
+// waits for the load (as its log must say, or the test proved nothing).
+func TestCheckpointRefusedBeforeLoadWait(t *testing.T) {
+	const fileMiB, loadRate = 64, 8 << 20
+	e := newLayerEnv(t, fileMiB)
+	e.start(t, "source")
+	image := filepath.Join(e.dir, "image")
+	if err := e.r.Checkpoint("source", image, "--shared-base"); err != nil {
+		t.Fatal(err)
+	}
+	e.r.Destroy("source")
+	e.r.LogDir, e.r.LogInfo = t.TempDir(), true
+	flags := e.r.Flags
+	e.r.Flags = append(append([]string(nil), flags...), fmt.Sprintf("--TESTONLY-async-page-load-rate=%d", loadRate))
+	err := e.r.Restore(e.bundle, "loading", image, filepath.Join(e.dir, "loading.out"), "--background")
+	e.r.Flags = flags
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.r.Destroy("loading")
+	const waitLine = "is still being loaded by the restore (--background): waiting for the load"
+	err = e.r.Checkpoint("loading", filepath.Join(e.dir, "plain"))
+	if err == nil || !strings.Contains(err.Error(), "checkpoint it with --shared-base") {
+		t.Fatalf("plain checkpoint of a clone: %v; want a refusal naming --shared-base", err)
+	}
+	if logsContain(t, e.r.LogDir, waitLine) {
+		t.Errorf("the refused park waited for the restore's load first (logs in %s)", e.r.LogDir)
+	}
+	if err := e.r.Checkpoint("loading", filepath.Join(e.dir, "again"), "--shared-base"); err != nil {
+		t.Fatalf("park with --shared-base after the refusal: %v", err)
+	}
+	if !logsContain(t, e.r.LogDir, waitLine) {
+		t.Errorf("the park after the refusal did not wait for the restore's load: at %d MiB/s it should still have been loading (logs in %s)", loadRate>>20, e.r.LogDir)
+	}
+}
