@@ -100,7 +100,9 @@ func TestWarmPoolPrespawned(t *testing.T) {
 // with an error naming the file, and the container still waits, so that a
 // later restore of it works. A container removed while its restore waits is
 // not replaced by another one whose ID it prefixes (runsc otherwise matches
-// IDs by unique prefix), nor by a new sandbox: the restore fails saying so.
+// IDs by unique prefix), nor by a new sandbox: the restore fails saying so;
+// nor does a restore that started without its container go into one created
+// during the wait.
 func TestPendingRestoreCancelled(t *testing.T) {
 	p, out, pending := createPending(t)
 	err := pending.Cancel()
@@ -153,6 +155,25 @@ func TestPendingRestoreCancelled(t *testing.T) {
 	// state file nor its lock file is back.
 	if m, _ := filepath.Glob(filepath.Join(p.r.Root, "d_sandbox:d.*")); len(m) != 0 {
 		t.Errorf("files of a container d exist again after the refused restore: %v", m)
+	}
+
+	// "e" does not exist when its restore starts (the restore would create
+	// its own sandbox), and someone creates it meanwhile: the restore does
+	// not go into that container, whose spec its checks never saw.
+	pending, err = p.r.StartRestore(p.bundle, "e", filepath.Join(p.dir, "e.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // as for "d"
+	if err := p.r.Create(p.bundle, "e", filepath.Join(p.dir, "e-created.out")); err != nil {
+		t.Fatal(err)
+	}
+	defer p.r.Destroy("e")
+	if err := pending.Restore(p.image); err == nil || !strings.Contains(err.Error(), `matched no container when the restore started, and matches "e" now, created while the restore waited`) {
+		t.Fatalf("restore into a container created during the wait: %v; want a refusal saying so", err)
+	}
+	if !p.r.Waiting("e") {
+		t.Errorf("e no longer waits: the restore went into the container created during its wait")
 	}
 }
 
