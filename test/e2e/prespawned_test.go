@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -137,9 +138,8 @@ func TestPendingRestoreCancelled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Let runsc load "d" before it is removed (a runsc process starts in
-	// tens of milliseconds here when idle).
-	time.Sleep(2 * time.Second)
+	// Let runsc load "d" before it is removed.
+	waitReadingImagePath(t, pending.Pid())
 	p.r.Destroy("d")
 	if err := p.r.Create(p.bundle, "d-other", filepath.Join(p.dir, "d-other.out")); err != nil {
 		t.Fatal(err)
@@ -164,7 +164,7 @@ func TestPendingRestoreCancelled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second) // as for "d"
+	waitReadingImagePath(t, pending.Pid()) // it found no "e"
 	if err := p.r.Create(p.bundle, "e", filepath.Join(p.dir, "e-created.out")); err != nil {
 		t.Fatal(err)
 	}
@@ -250,4 +250,33 @@ func createPending(t *testing.T) (*parked, string, *sandbox.PendingRestore) {
 		t.Fatal(err)
 	}
 	return p, out, pending
+}
+
+// waitReadingImagePath waits until the `runsc restore --image-path-from
+// /dev/stdin` of process pid has opened its image path's file, a second
+// descriptor of its standard input: it has loaded (or not found) its
+// container by then, and waits for the line.
+func waitReadingImagePath(t *testing.T, pid int) {
+	t.Helper()
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		stdin, err := os.Readlink(filepath.Join(fdDir, "0"))
+		if err != nil {
+			t.Fatalf("runsc restore (pid %d): %v", pid, err)
+		}
+		n := 0
+		if ents, err := os.ReadDir(fdDir); err == nil {
+			for _, e := range ents {
+				if l, err := os.Readlink(filepath.Join(fdDir, e.Name())); err == nil && l == stdin {
+					n++
+				}
+			}
+		}
+		if n >= 2 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("runsc restore (pid %d) did not open its image path's file within 30s", pid)
 }
