@@ -359,13 +359,7 @@ func TestFilestoreParkWhileLoading(t *testing.T) {
 	e.r.Destroy("source")
 	// Logs from the restore on: the park's are the only save in them.
 	e.r.LogDir, e.r.LogInfo = t.TempDir(), true
-	flags := e.r.Flags
-	e.r.Flags = append(append([]string(nil), flags...), fmt.Sprintf("--TESTONLY-async-page-load-rate=%d", loadRate))
-	err := e.r.Restore(e.bundle, "loading", full, filepath.Join(e.dir, "loading.out"), "--background")
-	e.r.Flags = flags
-	if err != nil {
-		t.Fatal(err)
-	}
+	restoreLoading(t, e.r, e.bundle, "loading", full, filepath.Join(e.dir, "loading.out"), loadRate)
 	image, snap := e.park(t, "loading", "loading")
 	e.r.Destroy("loading")
 	if !waitedBeforePreparing(t, e.r.LogDir) {

@@ -25,16 +25,10 @@ func TestParkWhileLoading(t *testing.T) {
 	p := src.park(t, full)
 	// Logs from the restore on: the park's are the only save in them.
 	p.r.LogDir, p.r.LogInfo = t.TempDir(), true
-	flags := p.r.Flags
-	p.r.Flags = append(append([]string(nil), flags...), fmt.Sprintf("--TESTONLY-async-page-load-rate=%d", loadRate))
 	out := filepath.Join(src.dir, "loading.out")
-	err := p.r.Restore(p.bundle, "loading", full, out, "--background")
-	p.r.Flags = flags
-	if err != nil {
-		t.Fatal(err)
-	}
+	restoreLoading(t, p.r, p.bundle, "loading", full, out, loadRate)
 	image := filepath.Join(src.dir, "image")
-	err = p.r.Checkpoint("loading", image)
+	err := p.r.Checkpoint("loading", image)
 	p.r.Destroy("loading")
 	if err != nil {
 		t.Fatal(err)
@@ -92,16 +86,10 @@ func TestCheckpointRefusedBeforeLoadWait(t *testing.T) {
 	}
 	e.r.Destroy("source")
 	e.r.LogDir, e.r.LogInfo = t.TempDir(), true
-	flags := e.r.Flags
-	e.r.Flags = append(append([]string(nil), flags...), fmt.Sprintf("--TESTONLY-async-page-load-rate=%d", loadRate))
-	err := e.r.Restore(e.bundle, "loading", image, filepath.Join(e.dir, "loading.out"), "--background")
-	e.r.Flags = flags
-	if err != nil {
-		t.Fatal(err)
-	}
+	restoreLoading(t, e.r, e.bundle, "loading", image, filepath.Join(e.dir, "loading.out"), loadRate)
 	defer e.r.Destroy("loading")
 	const waitLine = "is still being loaded by the restore (--background): waiting for the load"
-	err = e.r.Checkpoint("loading", filepath.Join(e.dir, "plain"))
+	err := e.r.Checkpoint("loading", filepath.Join(e.dir, "plain"))
 	if err == nil || !strings.Contains(err.Error(), "checkpoint it with --shared-base") {
 		t.Fatalf("plain checkpoint of a clone: %v; want a refusal naming --shared-base", err)
 	}
@@ -113,5 +101,19 @@ func TestCheckpointRefusedBeforeLoadWait(t *testing.T) {
 	}
 	if !logsContain(t, e.r.LogDir, waitLine) {
 		t.Errorf("the park after the refusal did not wait for the restore's load: at %d MiB/s it should still have been loading (logs in %s)", loadRate>>20, e.r.LogDir)
+	}
+}
+
+// restoreLoading restores id from image with --background, its pages file
+// loaded at rate bytes per second (--TESTONLY-async-page-load-rate), so that
+// the load outlasts what the test does next on any machine.
+func restoreLoading(t *testing.T, r *sandbox.Runsc, bundle, id, image, out string, rate int) {
+	t.Helper()
+	flags := r.Flags
+	r.Flags = append(append([]string(nil), flags...), fmt.Sprintf("--TESTONLY-async-page-load-rate=%d", rate))
+	err := r.Restore(bundle, id, image, out, "--background")
+	r.Flags = flags
+	if err != nil {
+		t.Fatal(err)
 	}
 }
