@@ -104,6 +104,64 @@ func TestCheckpointRefusedBeforeLoadWait(t *testing.T) {
 	}
 }
 
+// TestCheckpointKilledDuringLoadWait kills `runsc checkpoint` (SIGKILL, as
+// an orchestrator's timeout would) while the sandbox's save waits for a
+// restore --background's page loading, slowed as above. The sandbox must
+// give the save up at once (its log says so), never pause for it, and keep
+// running after the load has ended: before the caller pipe, it saved into
+// the killed checkpoint's files once the load ended, and exited.
+func TestCheckpointKilledDuringLoadWait(t *testing.T) {
+	const mib, loadRate = 64, 8 << 20
+	src := startSource(t, "runsc", mib)
+	p := src.park(t, filepath.Join(src.dir, "full"))
+	p.r.LogDir, p.r.LogInfo = t.TempDir(), true
+	out := filepath.Join(src.dir, "loading.out")
+	restoreLoading(t, p.r, p.bundle, "loading", p.image, out, loadRate)
+	defer p.r.Destroy("loading")
+	loadEnd := time.Now().Add(time.Duration(mib<<20/loadRate) * time.Second)
+
+	cmd := p.r.Command("checkpoint", "--image-path", filepath.Join(src.dir, "image"), "loading")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitForLog := func(what, s string, timeout time.Duration) bool {
+		t.Helper()
+		for deadline := time.Now().Add(timeout); !logsContain(t, p.r.LogDir, s); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("no sandbox log in %s says %s (%q) after %s", p.r.LogDir, what, s, timeout)
+				return false
+			}
+		}
+		return true
+	}
+	if !waitForLog("that the save waits for the load", "the main MemoryFile is still being loaded by the restore (--background): waiting for the load", 30*time.Second) {
+		cmd.Process.Kill()
+		t.FailNow()
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	waitForLog("that the save gave up", "the checkpoint's caller went away while the save waited for the restore's page loading", 5*time.Second)
+
+	// Past the load's end, the sandbox must still tick, and never have
+	// begun a save.
+	time.Sleep(time.Until(loadEnd) + 2*time.Second)
+	from := len(sandbox.Lines(out))
+	if _, _, err := sandbox.WaitForLine(out, from, 10*time.Second, func(string) bool { return true }); err != nil {
+		t.Errorf("the sandbox stopped ticking after its checkpoint was killed and its load ended: %v", err)
+	}
+	if logsContain(t, p.r.LogDir, "Sandbox save started") {
+		t.Errorf("the sandbox saved after its checkpoint was killed (logs in %s)", p.r.LogDir)
+	}
+	// The sandbox can still be parked, and the park restores.
+	image := filepath.Join(src.dir, "again")
+	if err := p.r.Checkpoint("loading", image); err != nil {
+		t.Fatalf("park after the killed checkpoint: %v", err)
+	}
+	p.restoreClone(t, "clone", image, lastTick(t, out).N)
+}
+
 // restoreLoading restores id from image with --background, its pages file
 // loaded at rate bytes per second (--TESTONLY-async-page-load-rate), so that
 // the load outlasts what the test does next on any machine.
