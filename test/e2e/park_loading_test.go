@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -154,7 +155,24 @@ func TestCheckpointKilledDuringLoadWait(t *testing.T) {
 	if logsContain(t, p.r.LogDir, "Sandbox save started") {
 		t.Errorf("the sandbox saved after its checkpoint was killed (logs in %s)", p.r.LogDir)
 	}
-	// The sandbox can still be parked, and the park restores.
+	// A park into the killed checkpoint's directory is refused before the
+	// sandbox is touched, naming the file it left and what to do, and leaves
+	// that directory as it was.
+	killed := filepath.Join(src.dir, "image")
+	before := dirSums(t, killed)
+	if err := p.r.Checkpoint("loading", killed); err == nil {
+		t.Errorf("park into %s, which a killed checkpoint left, succeeded", killed)
+	} else {
+		for _, want := range []string{filepath.Join(killed, "checkpoint.img"), "already exists", "--image-path"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("park into the killed checkpoint's directory: %v; want it to say %q", err, want)
+			}
+		}
+	}
+	if after := dirSums(t, killed); !reflect.DeepEqual(after, before) {
+		t.Errorf("the refused park changed %s: %v, was %v", killed, after, before)
+	}
+	// The sandbox can still be parked elsewhere, and the park restores.
 	image := filepath.Join(src.dir, "again")
 	if err := p.r.Checkpoint("loading", image); err != nil {
 		t.Fatalf("park after the killed checkpoint: %v", err)
