@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -159,6 +160,11 @@ func TestCheckpointKilledDuringLoadWait(t *testing.T) {
 	// sandbox is touched, naming the file it left and what to do, and leaves
 	// that directory as it was.
 	killed := filepath.Join(src.dir, "image")
+	// The killed checkpoint's files are empty; a byte in the last one it
+	// created shows that none is truncated or created again.
+	if err := os.WriteFile(filepath.Join(killed, "pages.img"), []byte("x"), 0o644); err != nil {
+		t.Fatalf("the killed checkpoint left no pages.img: %v", err)
+	}
 	before := dirSums(t, killed)
 	if err := p.r.Checkpoint("loading", killed); err == nil {
 		t.Errorf("park into %s, which a killed checkpoint left, succeeded", killed)
@@ -171,6 +177,9 @@ func TestCheckpointKilledDuringLoadWait(t *testing.T) {
 	}
 	if after := dirSums(t, killed); !reflect.DeepEqual(after, before) {
 		t.Errorf("the refused park changed %s: %v, was %v", killed, after, before)
+	}
+	if logsContain(t, p.r.LogDir, "Sandbox save started") {
+		t.Errorf("the refused park started a save (logs in %s)", p.r.LogDir)
 	}
 	// The sandbox can still be parked elsewhere, and the park restores.
 	image := filepath.Join(src.dir, "again")
