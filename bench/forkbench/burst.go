@@ -57,6 +57,11 @@ const (
 	// without running the tasks), as a pool of paused clones
 	// (warmpool.NewRestored) holds them; the burst is n `runsc resume`.
 	burstPrerestored burstMode = "prerestored"
+	// burstPrespawnedResume: burstPrerestored, each clone with its `runsc
+	// resume --wait-line-from` started beforehand too, as a pool made by
+	// warmpool.NewRestoredPrespawned holds them; the burst sends each its
+	// line, and starts no runsc process.
+	burstPrespawnedResume burstMode = "prespawned-resume"
 )
 
 // burst parks a heapMiB tick workload with each runtime and restores n
@@ -70,7 +75,7 @@ func burst(dir string, runtimes []runtimeConfig, n, heapMiB int) []BurstResult {
 		defer os.RemoveAll(base)
 		modes := []burstMode{burstPlain, burstPrestarted}
 		if rt.name == "forkvisor" {
-			modes = append(modes, burstPrespawned, burstPrerestored)
+			modes = append(modes, burstPrespawned, burstPrerestored, burstPrespawnedResume)
 		}
 		var rs []BurstResult
 		for _, mode := range modes {
@@ -93,6 +98,7 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 	ids, outs := make([]string, n), make([]string, n)
 	createCPU := make([]time.Duration, n)
 	pending := make([]*sandbox.PendingRestore, n)
+	resumes := make([]*sandbox.PendingResume, n)
 	for i := 0; i < n; i++ {
 		// Fixed-width IDs: runsc resolves a container ID that matches no
 		// container as a unique prefix of one, so "burst1" restored while
@@ -109,13 +115,18 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			var err error
 			pending[i], err = r.StartRestore(p.bundle, ids[i], outs[i], rt.restoreArgs...)
 			must(err)
-		case burstPrerestored:
-			// What warmpool.NewRestored does, without its pool: a burst
-			// through Pool.Restore would start refills next to the
-			// resumes it times.
+		case burstPrerestored, burstPrespawnedResume:
+			// What warmpool.NewRestored (NewRestoredPrespawned) does,
+			// without its pool: a burst through Pool.Restore would start
+			// refills next to the resumes it times.
 			must(r.Restore(p.bundle, ids[i], p.image, outs[i], append([]string{"--paused"}, rt.restoreArgs...)...))
 			if !r.Paused(ids[i]) {
 				fatalf("burst %s: %s is not paused after runsc restore --paused", rt.name, ids[i])
+			}
+			if mode == burstPrespawnedResume {
+				var err error
+				resumes[i], err = r.StartResume(ids[i], outs[i])
+				must(err)
 			}
 		}
 	}
@@ -131,14 +142,20 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 		pool, err := r.Memory(ids...)
 		must(err)
 		res.PoolPssMiB = float64(pool.All.Total()) / 1024
-		if mode == burstPrespawned {
+		if mode == burstPrespawned || mode == burstPrespawnedResume {
 			// The waiting runsc processes are part of what the pool holds.
 			var pids []int
-			for i, pr := range pending {
-				if !pr.Waiting() {
-					fatalf("burst %s: the prespawned runsc restore of %s ended before the burst", rt.name, ids[i])
+			for i := range ids {
+				waiting, pid := false, 0
+				if pending[i] != nil {
+					waiting, pid = pending[i].Waiting(), pending[i].Pid()
+				} else {
+					waiting, pid = resumes[i].Waiting(), resumes[i].Pid()
 				}
-				pids = append(pids, pr.Pid())
+				if !waiting {
+					fatalf("burst %s: the prespawned runsc process of %s ended before the burst", rt.name, ids[i])
+				}
+				pids = append(pids, pid)
 			}
 			waiting, err := memstat.Processes(pids)
 			must(err)
@@ -159,6 +176,8 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			switch {
 			case mode == burstPrerestored:
 				err = r.Resume(ids[i])
+			case resumes[i] != nil:
+				err = resumes[i].Resume()
 			case pending[i] != nil:
 				err = pending[i].Restore(p.image)
 			default:
@@ -209,10 +228,10 @@ func printBurst(results []BurstResult) {
 		return
 	}
 	r0 := results[0]
-	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prespawned: the same with each one's runsc restore --image-path-from started beforehand too, prerestored: %d resumes of clones restored paused beforehand (none of that timed; pool_MiB: their memory while they wait, prespawned's runsc processes included)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
-	fmt.Printf("%-11s %-11s %9s %9s %9s %12s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_MiB", "pool_MiB")
+	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prespawned: the same with each one's runsc restore --image-path-from started beforehand too, prerestored: %d resumes of clones restored paused beforehand, prespawned-resume: the same with each one's runsc resume --wait-line-from started beforehand too (none of that timed; pool_MiB: their memory while they wait, prespawned runsc processes included)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
+	fmt.Printf("%-11s %-17s %9s %9s %9s %12s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_MiB", "pool_MiB")
 	for _, r := range results {
-		fmt.Printf("%-11s %-11s %9.0f %9.0f %9.0f %12.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB, r.PoolPssMiB)
+		fmt.Printf("%-11s %-17s %9.0f %9.0f %9.0f %12.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB, r.PoolPssMiB)
 	}
 	// best returns upstream's (or upstream-bg's) burst with the shortest
 	// wall time among those in modes, or a zero result.
@@ -240,7 +259,7 @@ func printBurst(results []BurstResult) {
 		if b := best(burstPlain); b.WallMs > 0 && b.TotalPssMiB > 0 {
 			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
 		}
-		if b := best(burstPlain, burstPrestarted); (r.Mode == burstPrerestored || r.Mode == burstPrespawned) && b.Mode != burstPlain && b.WallMs > 0 && b.TotalPssMiB > 0 {
+		if b := best(burstPlain, burstPrestarted); (r.Mode == burstPrerestored || r.Mode == burstPrespawned || r.Mode == burstPrespawnedResume) && b.Mode != burstPlain && b.WallMs > 0 && b.TotalPssMiB > 0 {
 			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
 		}
 	}

@@ -19,7 +19,9 @@ import (
 // beforehand whose `runsc restore --image-path-from` was started beforehand
 // too (warmpool.NewPrespawned; upstream has no such flag), and by resuming a
 // clone of the image restored paused beforehand (warmpool.NewRestored;
-// upstream cannot restore without running the tasks).
+// upstream cannot restore without running the tasks), and the same with
+// the clone's `runsc resume --wait-line-from` started beforehand too
+// (warmpool.NewRestoredPrespawned).
 type PrestartResult struct {
 	Workload string `json:"workload"`
 	Runtime  string `json:"runtime"`
@@ -33,6 +35,9 @@ type PrestartResult struct {
 	// PrerestoredMs is from `runsc resume` of a paused clone to its first
 	// output (forkvisor only).
 	PrerestoredMs []float64 `json:"prerestored_ms,omitempty"`
+	// SpawnedResumeMs is from sending its line to a waiting runsc resume
+	// of a paused clone to the clone's first output (forkvisor only).
+	SpawnedResumeMs []float64 `json:"spawned_resume_ms,omitempty"`
 	// CreateMs is what a waiting sandbox cost to create, off the restore
 	// path (the pool creates it in the background).
 	CreateMs []float64 `json:"create_ms"`
@@ -48,6 +53,9 @@ type PrestartResult struct {
 	// PrerestoredP50 and PrerestoredP95 are 0 for upstream.
 	PrerestoredP50 float64 `json:"prerestored_p50_ms,omitempty"`
 	PrerestoredP95 float64 `json:"prerestored_p95_ms,omitempty"`
+	// SpawnedResumeP50 and SpawnedResumeP95 are 0 for upstream.
+	SpawnedResumeP50 float64 `json:"spawned_resume_p50_ms,omitempty"`
+	SpawnedResumeP95 float64 `json:"spawned_resume_p95_ms,omitempty"`
 }
 
 // prestartWorkload is the workload of a prestarted scenario.
@@ -104,6 +112,9 @@ func prestarted(dir string, runtimes []runtimeConfig, w prestartWorkload) []Pres
 		if len(r.PrerestoredMs) > 0 {
 			r.PrerestoredP50, r.PrerestoredP95 = median(r.PrerestoredMs), percentile(r.PrerestoredMs, 95)
 		}
+		if len(r.SpawnedResumeMs) > 0 {
+			r.SpawnedResumeP50, r.SpawnedResumeP95 = median(r.SpawnedResumeMs), percentile(r.SpawnedResumeMs, 95)
+		}
 		out = append(out, *r)
 	}
 	return out
@@ -133,7 +144,7 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 	pool, err := warmpool.New(r, bundle, base, "warm", 1)
 	must(err)
 	defer pool.Close()
-	var spawned, paused *warmpool.Pool
+	var spawned, paused, resumers *warmpool.Pool
 	if rt.fork {
 		spawned, err = warmpool.NewPrespawned(r, bundle, base, "spawned", 1, rt.restoreArgs...)
 		must(err)
@@ -141,6 +152,9 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		paused, err = warmpool.NewRestored(r, bundle, image, base, "paused", 1, rt.restoreArgs...)
 		must(err)
 		defer paused.Close()
+		resumers, err = warmpool.NewRestoredPrespawned(r, bundle, image, base, "resumer", 1, rt.restoreArgs...)
+		must(err)
+		defer resumers.Close()
 	}
 	// settle waits until every pool has refilled and the refills' new
 	// processes have started, so that no refill runs while the next
@@ -155,6 +169,9 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		}
 		if paused != nil {
 			must(paused.Fill(time.Minute))
+		}
+		if resumers != nil {
+			must(resumers.Fill(time.Minute))
 		}
 		// Fill returns once a refill's processes are started: a
 		// prespawned runsc restore still initializes (tens of ms of
@@ -197,6 +214,9 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		if paused != nil {
 			res.PrerestoredMs = append(res.PrerestoredMs, fromPool(paused))
 		}
+		if resumers != nil {
+			res.SpawnedResumeMs = append(res.SpawnedResumeMs, fromPool(resumers))
+		}
 	}
 }
 
@@ -231,7 +251,7 @@ func printPrestarted(results []PrestartResult) {
 		return
 	}
 	fmt.Printf("\nprestarted: restore -> first output, %d samples each way per runtime; create_ms is the pool's work per sandbox, off the restore path\n", len(results[0].PlainMs))
-	fmt.Printf("%-8s %-12s %5s %10s %10s %15s %15s %10s %15s %15s %16s %16s\n", "workload", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms", "prespawned_p50", "prespawned_p95", "prerestored_p50", "prerestored_p95")
+	fmt.Printf("%-8s %-12s %5s %10s %10s %15s %15s %10s %15s %15s %16s %16s %18s %18s\n", "workload", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms", "prespawned_p50", "prespawned_p95", "prerestored_p50", "prerestored_p95", "spawned_resume_p50", "spawned_resume_p95")
 	best := map[string]float64{} // upstream's best p50 per workload, either way
 	orDash := func(v float64) string {
 		if v == 0 {
@@ -240,7 +260,7 @@ func printPrestarted(results []PrestartResult) {
 		return fmt.Sprintf("%.0f", v)
 	}
 	for _, r := range results {
-		fmt.Printf("%-8s %-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f %15s %15s %16s %16s\n", r.Workload, r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50, orDash(r.PrespawnedP50), orDash(r.PrespawnedP95), orDash(r.PrerestoredP50), orDash(r.PrerestoredP95))
+		fmt.Printf("%-8s %-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f %15s %15s %16s %16s %18s %18s\n", r.Workload, r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50, orDash(r.PrespawnedP50), orDash(r.PrespawnedP95), orDash(r.PrerestoredP50), orDash(r.PrerestoredP95), orDash(r.SpawnedResumeP50), orDash(r.SpawnedResumeP95))
 		if strings.HasPrefix(r.Runtime, "upstream") {
 			if b, ok := best[r.Workload]; !ok || min(r.PlainP50, r.PrestartedP50) < b {
 				best[r.Workload] = min(r.PlainP50, r.PrestartedP50)
@@ -255,6 +275,9 @@ func printPrestarted(results []PrestartResult) {
 			}
 			if r.PrerestoredP50 > 0 {
 				fmt.Printf(", prerestored (resume of a paused clone) %.2fx", r.PrerestoredP50/b)
+			}
+			if r.SpawnedResumeP50 > 0 {
+				fmt.Printf(", spawned resume (its runsc resume started beforehand too) %.2fx", r.SpawnedResumeP50/b)
 			}
 			fmt.Println()
 		}

@@ -13,15 +13,18 @@ import (
 // restore did not start, so the container is as it was before.
 var ErrRestoreNotStarted = errors.New("sandbox: the pending runsc restore ended before its image path was sent")
 
-// PendingRestore is a `runsc restore --image-path-from` of a created
-// container, started before its image is known: the runsc process has
-// started and waits for the image path on a pipe, so that a restore on
-// request skips runsc's own start. Only the fork's runsc has the flag. A
-// PendingRestore is not safe for concurrent use.
-type PendingRestore struct {
+// ErrResumeNotStarted is the error of PendingResume.Resume when the line
+// could not be sent because the runsc process had already ended: the
+// container was not resumed.
+var ErrResumeNotStarted = errors.New("sandbox: the pending runsc resume ended before its line was sent")
+
+// pending is a runsc process started ahead of a request, waiting for one
+// line on its standard input (a pipe) that the request sends; only the
+// fork's runsc has such commands. It is not safe for concurrent use.
+type pending struct {
 	d *detached
-	// send is the pipe's write end; nil once the image path is sent or the
-	// restore is cancelled.
+	// send is the pipe's write end; nil once the line is sent or the
+	// command is cancelled.
 	send *os.File
 	// done is closed when the runsc process has exited; err is then its
 	// error.
@@ -29,20 +32,17 @@ type PendingRestore struct {
 	err  error
 }
 
-// StartRestore starts `runsc restore --image-path-from` of container id,
-// which must have been created from bundle (Create), with extra restore
-// flags; the container's output keeps going to outPath. The process waits
-// for Restore or Cancel.
-func (r *Runsc) StartRestore(bundle, id, outPath string, extra ...string) (*PendingRestore, error) {
+// startPending starts runsc subcommand args, whose line comes from
+// /dev/stdin, with its standard output going to outPath.
+func (r *Runsc) startPending(outPath string, args ...string) (*pending, error) {
 	if r.Upstream {
-		return nil, errors.New("sandbox: upstream runsc has no restore --image-path-from")
+		return nil, fmt.Errorf("sandbox: upstream runsc cannot start %q before its request", args[0])
 	}
 	recv, send, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"restore", "--image-path-from=/dev/stdin", "--bundle", bundle, "--detach"}, extra...)
-	d, err := r.detachedCommand(outPath, append(args, id)...)
+	d, err := r.detachedCommand(outPath, args...)
 	if err != nil {
 		recv.Close()
 		send.Close()
@@ -57,9 +57,9 @@ func (r *Runsc) StartRestore(bundle, id, outPath string, extra ...string) (*Pend
 	if err != nil {
 		send.Close()
 		os.Remove(d.errf.Name())
-		return nil, fmt.Errorf("starting runsc restore of %s: %w", id, err)
+		return nil, fmt.Errorf("starting runsc %s: %w", args[0], err)
 	}
-	p := &PendingRestore{d: d, send: send, done: make(chan struct{})}
+	p := &pending{d: d, send: send, done: make(chan struct{})}
 	go func() {
 		err := d.cmd.Wait()
 		if err != nil {
@@ -72,14 +72,13 @@ func (r *Runsc) StartRestore(bundle, id, outPath string, extra ...string) (*Pend
 }
 
 // Pid returns the PID of p's runsc process.
-func (p *PendingRestore) Pid() int {
+func (p *pending) Pid() int {
 	return p.d.cmd.Process.Pid
 }
 
-// Waiting reports whether p's runsc process still waits for its image. A
-// process may end right after: Restore then fails with
-// ErrRestoreNotStarted.
-func (p *PendingRestore) Waiting() bool {
+// Waiting reports whether p's runsc process still waits for its line. A
+// process may end right after: the send then fails as not started.
+func (p *pending) Waiting() bool {
 	select {
 	case <-p.done:
 		return false
@@ -90,43 +89,38 @@ func (p *PendingRestore) Waiting() bool {
 	}
 }
 
-// Restore sends the image path (made absolute) and waits until runsc
-// restore has exited, returning its error. If the process had already
-// ended, the error wraps ErrRestoreNotStarted.
-func (p *PendingRestore) Restore(image string) error {
+// sendLine sends line and a newline and waits until the process has exited,
+// returning its error. If the process had already ended, the error wraps
+// notStarted.
+func (p *pending) sendLine(line string, notStarted error) error {
 	if p.send == nil {
-		return errors.New("sandbox: the pending restore was already used")
-	}
-	abs, err := filepath.Abs(image)
-	if err != nil {
-		p.Cancel()
-		return err
+		return errors.New("sandbox: the pending runsc command was already used")
 	}
 	select {
 	case <-p.done:
 		p.send.Close()
 		p.send = nil
-		return fmt.Errorf("%w: %v", ErrRestoreNotStarted, p.err)
+		return fmt.Errorf("%w: %v", notStarted, p.err)
 	default:
 	}
-	_, werr := p.send.WriteString(abs + "\n")
+	_, werr := p.send.WriteString(line + "\n")
 	p.send.Close()
 	p.send = nil
 	<-p.done
 	switch {
 	case errors.Is(werr, syscall.EPIPE):
 		// Nobody read the line: the process had ended.
-		return fmt.Errorf("%w: %v (%v)", ErrRestoreNotStarted, werr, p.err)
+		return fmt.Errorf("%w: %v (%v)", notStarted, werr, p.err)
 	case werr != nil:
-		return fmt.Errorf("sending the image path to runsc restore: %w (runsc: %v)", werr, p.err)
+		return fmt.Errorf("sending a line to runsc: %w (runsc: %v)", werr, p.err)
 	}
 	return p.err
 }
 
-// Cancel closes the pipe without an image path, which ends the runsc
-// process with an error and leaves the container as it was, waits for it to
-// exit and returns that error (nil if it was already used by Restore).
-func (p *PendingRestore) Cancel() error {
+// Cancel closes the pipe without a line, which ends the runsc process with
+// an error and leaves the container as it was, waits for it to exit and
+// returns that error (nil if the line was already sent).
+func (p *pending) Cancel() error {
 	if p.send == nil {
 		<-p.done
 		return nil
@@ -135,4 +129,66 @@ func (p *PendingRestore) Cancel() error {
 	p.send = nil
 	<-p.done
 	return p.err
+}
+
+// PendingRestore is a `runsc restore --image-path-from` of a created
+// container, started before its image is known: the runsc process has
+// started and waits for the image path on a pipe, so that a restore on
+// request skips runsc's own start. A PendingRestore is not safe for
+// concurrent use.
+type PendingRestore struct {
+	*pending
+}
+
+// StartRestore starts `runsc restore --image-path-from` of container id,
+// which must have been created from bundle (Create), with extra restore
+// flags; the container's output keeps going to outPath. The process waits
+// for Restore or Cancel.
+func (r *Runsc) StartRestore(bundle, id, outPath string, extra ...string) (*PendingRestore, error) {
+	args := append([]string{"restore", "--image-path-from=/dev/stdin", "--bundle", bundle, "--detach"}, extra...)
+	p, err := r.startPending(outPath, append(args, id)...)
+	if err != nil {
+		return nil, err
+	}
+	return &PendingRestore{p}, nil
+}
+
+// Restore sends the image path (made absolute) and waits until runsc
+// restore has exited, returning its error. If the process had already
+// ended, the error wraps ErrRestoreNotStarted.
+func (p *PendingRestore) Restore(image string) error {
+	abs, err := filepath.Abs(image)
+	if err != nil {
+		p.Cancel()
+		return err
+	}
+	return p.sendLine(abs, ErrRestoreNotStarted)
+}
+
+// PendingResume is a `runsc resume --wait-line-from` of a paused container
+// (one restored with restore --paused, or paused by runsc pause), started
+// before the request to resume it: the runsc process has started, checked
+// that the container is paused and waits for its ID on a pipe. A
+// PendingResume is not safe for concurrent use.
+type PendingResume struct {
+	*pending
+	id string
+}
+
+// StartResume starts `runsc resume --wait-line-from` of paused container
+// id, whose full ID it must be. Its output goes to outPath. The process
+// waits for Resume or Cancel.
+func (r *Runsc) StartResume(id, outPath string) (*PendingResume, error) {
+	p, err := r.startPending(outPath, "resume", "--wait-line-from=/dev/stdin", id)
+	if err != nil {
+		return nil, err
+	}
+	return &PendingResume{p, id}, nil
+}
+
+// Resume sends the container's ID and waits until runsc resume has exited,
+// returning its error. If the process had already ended, the error wraps
+// ErrResumeNotStarted.
+func (p *PendingResume) Resume() error {
+	return p.sendLine(p.id, ErrResumeNotStarted)
 }

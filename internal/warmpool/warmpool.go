@@ -44,6 +44,14 @@
 // on its clocks, as for `runsc pause`: timers that expired meanwhile fire
 // together when it is resumed.
 //
+// A pool made by NewRestoredPrespawned is one made by NewRestored whose
+// clones each have their `runsc resume --wait-line-from` started too (fork's
+// runsc only): Restore sends the clone's ID on a pipe, so that no runsc
+// process starts on the request path at all. A clone whose resume process
+// died is destroyed and replaced; if the process dies after Restore took the
+// clone but before it read the line, Restore resumes the clone with a runsc
+// resume of its own.
+//
 // A pool refills RefillDelay after a request has been served (its `runsc
 // restore` or `runsc resume` returned), and starts no refill while a
 // request is in progress, so that the refill competes neither with the
@@ -78,6 +86,9 @@ type Sandbox struct {
 	// restore, in a pool made by NewPrespawned, is the sandbox's runsc
 	// restore waiting for its image; nil once handed out.
 	restore *sandbox.PendingRestore
+	// resume, in a pool made by NewRestoredPrespawned, is the paused
+	// clone's runsc resume waiting for its line; nil once handed out.
+	resume *sandbox.PendingResume
 }
 
 // Pool keeps Size sandboxes of one bundle waiting.
@@ -92,7 +103,8 @@ type Pool struct {
 	image       string
 	restoreArgs []string
 	// prespawn: each waiting sandbox has a runsc restore waiting for its
-	// image, started with restoreArgs (NewPrespawned).
+	// image, started with restoreArgs (NewPrespawned), or, with image set,
+	// a runsc resume waiting for its line (NewRestoredPrespawned).
 	prespawn bool
 
 	mu sync.Mutex
@@ -153,6 +165,23 @@ func NewRestored(r *sandbox.Runsc, bundle, image, dir, prefix string, size int, 
 		return nil, fmt.Errorf("warmpool: %w", err)
 	}
 	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, image: abs, restoreArgs: slices.Clone(extra)})
+}
+
+// NewRestoredPrespawned is NewRestored, and starts for each paused clone a
+// `runsc resume --wait-line-from` of it, so that Restore only sends a line
+// (see the package comment). r must be the fork's runsc.
+func NewRestoredPrespawned(r *sandbox.Runsc, bundle, image, dir, prefix string, size int, extra ...string) (*Pool, error) {
+	if r.Upstream {
+		return nil, fmt.Errorf("warmpool: upstream runsc cannot start a resume before its request (resume --wait-line-from)")
+	}
+	if image == "" {
+		return nil, fmt.Errorf("warmpool: no image to restore the pool from")
+	}
+	abs, err := filepath.Abs(image)
+	if err != nil {
+		return nil, fmt.Errorf("warmpool: %w", err)
+	}
+	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, image: abs, restoreArgs: slices.Clone(extra), prespawn: true})
 }
 
 func newPool(p *Pool) (*Pool, error) {
@@ -253,7 +282,20 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 		return Sandbox{}, err
 	}
 	if p.image != "" {
-		if err := p.r.Resume(s.ID); err != nil {
+		var err error
+		if s.resume != nil {
+			pending := s.resume
+			s.resume = nil
+			err = pending.Resume()
+			if errors.Is(err, sandbox.ErrResumeNotStarted) && p.r.Paused(s.ID) {
+				// Its runsc process ended after take looked, before it
+				// read the line: the clone is still paused.
+				err = p.r.Resume(s.ID)
+			}
+		} else {
+			err = p.r.Resume(s.ID)
+		}
+		if err != nil {
 			p.r.Destroy(s.ID)
 			os.Remove(s.Out)
 			return Sandbox{}, fmt.Errorf("warmpool: resuming paused clone %s of %s: %w", s.ID, image, err)
@@ -308,6 +350,9 @@ func (p *Pool) take() (Sandbox, error) {
 // live reports whether waiting sandbox s can still be handed out.
 func (p *Pool) live(s Sandbox) bool {
 	if p.image != "" {
+		if s.resume != nil && !s.resume.Waiting() {
+			return false
+		}
 		return p.r.Paused(s.ID)
 	}
 	if s.restore != nil && !s.restore.Waiting() {
@@ -321,6 +366,9 @@ func (p *Pool) live(s Sandbox) bool {
 func (p *Pool) discard(s Sandbox) {
 	if s.restore != nil {
 		s.restore.Cancel()
+	}
+	if s.resume != nil {
+		s.resume.Cancel()
 	}
 	p.r.Destroy(s.ID)
 }
@@ -340,7 +388,10 @@ func (p *Pool) create() (Sandbox, error) {
 	} else {
 		err = p.r.Create(p.bundle, s.ID, s.Out)
 	}
-	if err == nil && p.prespawn {
+	switch {
+	case err == nil && p.prespawn && p.image != "":
+		s.resume, err = p.r.StartResume(s.ID, s.Out)
+	case err == nil && p.prespawn:
 		s.restore, err = p.r.StartRestore(p.bundle, s.ID, s.Out, p.restoreArgs...)
 	}
 	if err != nil {

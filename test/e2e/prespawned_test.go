@@ -208,6 +208,13 @@ func TestPendingRestoreNotStarted(t *testing.T) {
 // id with --image-path-from.
 func pendingRestores(t *testing.T, id string) []int {
 	t.Helper()
+	return pendingRunsc(t, id, "restore", "--image-path-from")
+}
+
+// pendingRunsc returns the PIDs of runsc processes of subcommand sub for
+// container id whose arguments include one that begins with flag.
+func pendingRunsc(t *testing.T, id, sub, flag string) []int {
+	t.Helper()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +230,7 @@ func pendingRestores(t *testing.T, id string) []int {
 			continue
 		}
 		args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
-		if len(args) > 2 && args[len(args)-1] == id && slices.Contains(args, "restore") && hasPrefixArg(args, "--image-path-from") {
+		if len(args) > 2 && args[len(args)-1] == id && slices.Contains(args, sub) && hasPrefixArg(args, flag) {
 			pids = append(pids, pid)
 		}
 	}
