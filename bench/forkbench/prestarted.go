@@ -35,9 +35,9 @@ type PrestartResult struct {
 	// PrerestoredMs is from `runsc resume` of a paused clone to its first
 	// output (forkvisor only).
 	PrerestoredMs []float64 `json:"prerestored_ms,omitempty"`
-	// SpawnedResumeMs is from sending its line to a waiting runsc resume
+	// PrespawnedResumeMs is from sending its line to a waiting runsc resume
 	// of a paused clone to the clone's first output (forkvisor only).
-	SpawnedResumeMs []float64 `json:"spawned_resume_ms,omitempty"`
+	PrespawnedResumeMs []float64 `json:"prespawned_resume_ms,omitempty"`
 	// CreateMs is what a waiting sandbox cost to create, off the restore
 	// path (the pool creates it in the background).
 	CreateMs []float64 `json:"create_ms"`
@@ -53,9 +53,9 @@ type PrestartResult struct {
 	// PrerestoredP50 and PrerestoredP95 are 0 for upstream.
 	PrerestoredP50 float64 `json:"prerestored_p50_ms,omitempty"`
 	PrerestoredP95 float64 `json:"prerestored_p95_ms,omitempty"`
-	// SpawnedResumeP50 and SpawnedResumeP95 are 0 for upstream.
-	SpawnedResumeP50 float64 `json:"spawned_resume_p50_ms,omitempty"`
-	SpawnedResumeP95 float64 `json:"spawned_resume_p95_ms,omitempty"`
+	// PrespawnedResumeP50 and PrespawnedResumeP95 are 0 for upstream.
+	PrespawnedResumeP50 float64 `json:"prespawned_resume_p50_ms,omitempty"`
+	PrespawnedResumeP95 float64 `json:"prespawned_resume_p95_ms,omitempty"`
 }
 
 // prestartWorkload is the workload of a prestarted scenario.
@@ -112,8 +112,8 @@ func prestarted(dir string, runtimes []runtimeConfig, w prestartWorkload) []Pres
 		if len(r.PrerestoredMs) > 0 {
 			r.PrerestoredP50, r.PrerestoredP95 = median(r.PrerestoredMs), percentile(r.PrerestoredMs, 95)
 		}
-		if len(r.SpawnedResumeMs) > 0 {
-			r.SpawnedResumeP50, r.SpawnedResumeP95 = median(r.SpawnedResumeMs), percentile(r.SpawnedResumeMs, 95)
+		if len(r.PrespawnedResumeMs) > 0 {
+			r.PrespawnedResumeP50, r.PrespawnedResumeP95 = median(r.PrespawnedResumeMs), percentile(r.PrespawnedResumeMs, 95)
 		}
 		out = append(out, *r)
 	}
@@ -186,6 +186,9 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 		start := time.Now()
 		s, err := p.Restore(image, extra...)
 		must(err)
+		if (p == spawned || p == resumers) && !s.Prespawned {
+			fatalf("prestarted %s: %s was not served by its prespawned runsc process", rt.name, s.ID)
+		}
 		_, err = sandbox.WaitFirstTick(s.Out, start)
 		must(err)
 		took := ms(time.Since(start))
@@ -215,7 +218,7 @@ func prestartRun(base string, rt runtimeConfig, w prestartWorkload, n int, res *
 			res.PrerestoredMs = append(res.PrerestoredMs, fromPool(paused))
 		}
 		if resumers != nil {
-			res.SpawnedResumeMs = append(res.SpawnedResumeMs, fromPool(resumers))
+			res.PrespawnedResumeMs = append(res.PrespawnedResumeMs, fromPool(resumers))
 		}
 	}
 }
@@ -251,7 +254,7 @@ func printPrestarted(results []PrestartResult) {
 		return
 	}
 	fmt.Printf("\nprestarted: restore -> first output, %d samples each way per runtime; create_ms is the pool's work per sandbox, off the restore path\n", len(results[0].PlainMs))
-	fmt.Printf("%-8s %-12s %5s %10s %10s %15s %15s %10s %15s %15s %16s %16s %18s %18s\n", "workload", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms", "prespawned_p50", "prespawned_p95", "prerestored_p50", "prerestored_p95", "spawned_resume_p50", "spawned_resume_p95")
+	fmt.Printf("%-8s %-12s %5s %10s %10s %15s %15s %10s %15s %15s %16s %16s %21s %21s\n", "workload", "runtime", "heap", "plain_p50", "plain_p95", "prestarted_p50", "prestarted_p95", "create_ms", "prespawned_p50", "prespawned_p95", "prerestored_p50", "prerestored_p95", "prespawned_resume_p50", "prespawned_resume_p95")
 	best := map[string]float64{} // upstream's best p50 per workload, either way
 	orDash := func(v float64) string {
 		if v == 0 {
@@ -260,7 +263,7 @@ func printPrestarted(results []PrestartResult) {
 		return fmt.Sprintf("%.0f", v)
 	}
 	for _, r := range results {
-		fmt.Printf("%-8s %-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f %15s %15s %16s %16s %18s %18s\n", r.Workload, r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50, orDash(r.PrespawnedP50), orDash(r.PrespawnedP95), orDash(r.PrerestoredP50), orDash(r.PrerestoredP95), orDash(r.SpawnedResumeP50), orDash(r.SpawnedResumeP95))
+		fmt.Printf("%-8s %-12s %5d %10.0f %10.0f %15.0f %15.0f %10.0f %15s %15s %16s %16s %21s %21s\n", r.Workload, r.Runtime, r.HeapMiB, r.PlainP50, r.PlainP95, r.PrestartedP50, r.PrestartedP95, r.CreateP50, orDash(r.PrespawnedP50), orDash(r.PrespawnedP95), orDash(r.PrerestoredP50), orDash(r.PrerestoredP95), orDash(r.PrespawnedResumeP50), orDash(r.PrespawnedResumeP95))
 		if strings.HasPrefix(r.Runtime, "upstream") {
 			if b, ok := best[r.Workload]; !ok || min(r.PlainP50, r.PrestartedP50) < b {
 				best[r.Workload] = min(r.PlainP50, r.PrestartedP50)
@@ -276,8 +279,8 @@ func printPrestarted(results []PrestartResult) {
 			if r.PrerestoredP50 > 0 {
 				fmt.Printf(", prerestored (resume of a paused clone) %.2fx", r.PrerestoredP50/b)
 			}
-			if r.SpawnedResumeP50 > 0 {
-				fmt.Printf(", spawned resume (its runsc resume started beforehand too) %.2fx", r.SpawnedResumeP50/b)
+			if r.PrespawnedResumeP50 > 0 {
+				fmt.Printf(", prespawned resume (its runsc resume started beforehand too) %.2fx", r.PrespawnedResumeP50/b)
 			}
 			fmt.Println()
 		}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 )
 
 // ErrRestoreNotStarted is the error of PendingRestore.Restore when the image
@@ -23,6 +24,8 @@ var ErrResumeNotStarted = errors.New("sandbox: the pending runsc resume ended be
 // fork's runsc has such commands. It is not safe for concurrent use.
 type pending struct {
 	d *detached
+	// what names the command in errors ("runsc resume of ID").
+	what string
 	// send is the pipe's write end; nil once the line is sent or the
 	// command is cancelled.
 	send *os.File
@@ -36,7 +39,7 @@ type pending struct {
 // /dev/stdin, with its standard output going to outPath.
 func (r *Runsc) startPending(outPath string, args ...string) (*pending, error) {
 	if r.Upstream {
-		return nil, fmt.Errorf("sandbox: upstream runsc cannot start %q before its request", args[0])
+		return nil, fmt.Errorf("sandbox: upstream runsc cannot start runsc %s of %s before its request", args[0], args[len(args)-1])
 	}
 	recv, send, err := os.Pipe()
 	if err != nil {
@@ -57,9 +60,9 @@ func (r *Runsc) startPending(outPath string, args ...string) (*pending, error) {
 	if err != nil {
 		send.Close()
 		os.Remove(d.errf.Name())
-		return nil, fmt.Errorf("starting runsc %s: %w", args[0], err)
+		return nil, fmt.Errorf("starting runsc %s of %s: %w", args[0], args[len(args)-1], err)
 	}
-	p := &pending{d: d, send: send, done: make(chan struct{})}
+	p := &pending{d: d, what: fmt.Sprintf("runsc %s of %s", args[0], args[len(args)-1]), send: send, done: make(chan struct{})}
 	go func() {
 		err := d.cmd.Wait()
 		if err != nil {
@@ -94,7 +97,7 @@ func (p *pending) Waiting() bool {
 // notStarted.
 func (p *pending) sendLine(line string, notStarted error) error {
 	if p.send == nil {
-		return errors.New("sandbox: the pending runsc command was already used")
+		return fmt.Errorf("sandbox: the pending %s was already used", p.what)
 	}
 	select {
 	case <-p.done:
@@ -112,9 +115,43 @@ func (p *pending) sendLine(line string, notStarted error) error {
 		// Nobody read the line: the process had ended.
 		return fmt.Errorf("%w: %v (%v)", notStarted, werr, p.err)
 	case werr != nil:
-		return fmt.Errorf("sending a line to runsc: %w (runsc: %v)", werr, p.err)
+		return fmt.Errorf("sending its line to the pending %s: %w (runsc: %v)", p.what, werr, p.err)
 	}
 	return p.err
+}
+
+// awaitReading waits until p's runsc process has opened its line's file, a
+// second descriptor of its standard input (it has done its checks by then
+// and waits for the line), or has exited, and returns the process's error
+// in that case.
+func (p *pending) awaitReading(timeout time.Duration) error {
+	fdDir := fmt.Sprintf("/proc/%d/fd", p.Pid())
+	for deadline := time.Now().Add(timeout); ; time.Sleep(2 * time.Millisecond) {
+		select {
+		case <-p.done:
+			if p.err == nil {
+				return fmt.Errorf("the pending %s exited before its line", p.what)
+			}
+			return p.err
+		default:
+		}
+		if stdin, err := os.Readlink(filepath.Join(fdDir, "0")); err == nil {
+			n := 0
+			if ents, err := os.ReadDir(fdDir); err == nil {
+				for _, e := range ents {
+					if l, err := os.Readlink(filepath.Join(fdDir, e.Name())); err == nil && l == stdin {
+						n++
+					}
+				}
+			}
+			if n > 1 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the pending %s did not start reading its line within %v", p.what, timeout)
+		}
+	}
 }
 
 // Cancel closes the pipe without a line, which ends the runsc process with
@@ -176,11 +213,17 @@ type PendingResume struct {
 }
 
 // StartResume starts `runsc resume --wait-line-from` of paused container
-// id, whose full ID it must be. Its output goes to outPath. The process
-// waits for Resume or Cancel.
+// id, whose full ID it must be, and returns once the process waits for its
+// line: it has checked that the container is paused by then, and fails
+// otherwise. Its output goes to outPath. The process waits for Resume or
+// Cancel.
 func (r *Runsc) StartResume(id, outPath string) (*PendingResume, error) {
 	p, err := r.startPending(outPath, "resume", "--wait-line-from=/dev/stdin", id)
 	if err != nil {
+		return nil, err
+	}
+	if err := p.awaitReading(30 * time.Second); err != nil {
+		p.Cancel()
 		return nil, err
 	}
 	return &PendingResume{p, id}, nil

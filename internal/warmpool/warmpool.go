@@ -46,11 +46,12 @@
 //
 // A pool made by NewRestoredPrespawned is one made by NewRestored whose
 // clones each have their `runsc resume --wait-line-from` started too (fork's
-// runsc only): Restore sends the clone's ID on a pipe, so that no runsc
-// process starts on the request path at all. A clone whose resume process
-// died is destroyed and replaced; if the process dies after Restore took the
-// clone but before it read the line, Restore resumes the clone with a runsc
-// resume of its own.
+// runsc only), and waiting for its line before the clone counts as waiting:
+// Restore sends the clone's ID on a pipe, so that no runsc process starts on
+// the request path at all. A clone whose resume process died is destroyed
+// and replaced; if that resume fails once Restore took the clone (its
+// process died meanwhile, say) and the clone is still paused, Restore
+// resumes it with a runsc resume of its own.
 //
 // A pool refills RefillDelay after a request has been served (its `runsc
 // restore` or `runsc resume` returned), and starts no refill while a
@@ -89,6 +90,11 @@ type Sandbox struct {
 	// resume, in a pool made by NewRestoredPrespawned, is the paused
 	// clone's runsc resume waiting for its line; nil once handed out.
 	resume *sandbox.PendingResume
+
+	// Prespawned is set on a sandbox handed out by Restore of a pool made
+	// by NewPrespawned or NewRestoredPrespawned if its prespawned runsc
+	// process served the request (not a runsc started by Restore).
+	Prespawned bool
 }
 
 // Pool keeps Size sandboxes of one bundle waiting.
@@ -287,9 +293,11 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 			pending := s.resume
 			s.resume = nil
 			err = pending.Resume()
-			if errors.Is(err, sandbox.ErrResumeNotStarted) && p.r.Paused(s.ID) {
-				// Its runsc process ended after take looked, before it
-				// read the line: the clone is still paused.
+			s.Prespawned = err == nil
+			if err != nil && p.r.Paused(s.ID) {
+				// Its runsc process failed without resuming the clone
+				// (it ended after take looked, say): a resume of its
+				// own does not use anything up.
 				err = p.r.Resume(s.ID)
 			}
 		} else {
@@ -306,6 +314,7 @@ func (p *Pool) Restore(image string, extra ...string) (Sandbox, error) {
 		pending := s.restore
 		s.restore = nil
 		err = pending.Restore(image)
+		s.Prespawned = err == nil
 		if errors.Is(err, sandbox.ErrRestoreNotStarted) && p.r.Waiting(s.ID) {
 			// Its runsc process ended after take looked (killed, say),
 			// before it read the path: the sandbox still waits, so
@@ -362,7 +371,7 @@ func (p *Pool) live(s Sandbox) bool {
 }
 
 // discard ends a waiting sandbox that is not handed out: its pending
-// restore, if any, then the sandbox.
+// restore or resume, if any, then the sandbox.
 func (p *Pool) discard(s Sandbox) {
 	if s.restore != nil {
 		s.restore.Cancel()
@@ -373,7 +382,9 @@ func (p *Pool) discard(s Sandbox) {
 	p.r.Destroy(s.ID)
 }
 
-// create creates one sandbox: created, or restored paused from p.image.
+// create creates one sandbox: created, or restored paused from p.image;
+// with prespawn, with its pending restore, or its pending resume waiting for
+// its line.
 func (p *Pool) create() (Sandbox, error) {
 	p.mu.Lock()
 	// Fixed width: runsc resolves a container ID by unique prefix and

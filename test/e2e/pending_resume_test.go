@@ -42,9 +42,17 @@ func TestWarmPoolRestoredPrespawned(t *testing.T) {
 
 	first := pool.Waiting()[0]
 	servedBy := resumes(first)
+	if len(servedBy) != 1 {
+		t.Fatalf("waiting clone %s: runsc resume processes %v, want 1", first, servedBy)
+	}
 	got := restoreFromPool(t, p, pool, 3)
 	if got[0].ID != first {
 		t.Fatalf("the first request resumed %s, want the oldest waiting clone %s", got[0].ID, first)
+	}
+	for _, s := range got {
+		if !s.Prespawned {
+			t.Errorf("clone %s was resumed by a runsc that the request started, not by its waiting one", s.ID)
+		}
 	}
 	if err := processGone(servedBy[0], 5*time.Second); err != nil {
 		t.Errorf("the waiting runsc resume of %s: %v", first, err)
@@ -71,6 +79,9 @@ func TestWarmPoolRestoredPrespawned(t *testing.T) {
 	if s.ID == waiting[0] {
 		t.Fatalf("resumed %s, whose resume process was killed", s.ID)
 	}
+	if !s.Prespawned {
+		t.Errorf("clone %s was resumed by a runsc that the request started, not by its waiting one", s.ID)
+	}
 	checkFirstTick(t, s.ID, s.Out, p.lastTick)
 	got = append(got, s)
 	if err := pool.Fill(time.Minute); err != nil {
@@ -95,9 +106,9 @@ func TestWarmPoolRestoredPrespawned(t *testing.T) {
 // TestPendingResumeRefusals: `runsc resume --wait-line-from` resumes only on
 // a line holding the container's full ID. A line naming another container,
 // end of file (a cancel) and a process killed before the line leave the
-// clone paused and silent, each with its error; a container that is not
-// paused is refused at once, before any line; the clone then resumes with
-// a plain runsc resume and continues the tick.
+// clone paused and silent, each with its error; the clone then resumes
+// through a pending resume sent its ID and continues the tick; a pending
+// resume of the running container is refused before it waits for a line.
 func TestPendingResumeRefusals(t *testing.T) {
 	p := parkSource(t, 32)
 	out := filepath.Join(p.dir, "c.out")
@@ -118,11 +129,10 @@ func TestPendingResumeRefusals(t *testing.T) {
 	}
 	start := func() *sandbox.PendingResume {
 		t.Helper()
-		pending, err := p.r.StartResume("c", out)
+		pending, err := p.r.StartResume("c", out) // returns once it reads
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitReadingImagePath(t, pending.Pid())
 		return pending
 	}
 
@@ -159,16 +169,9 @@ func TestPendingResumeRefusals(t *testing.T) {
 		t.Fatalf("resume with the container's ID: %v", err)
 	}
 	checkFirstTick(t, "c", out, p.lastTick)
-	// A running container is refused at once: the process exits without a
-	// line.
-	pending, err := p.r.StartResume("c", out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := processGone(pending.Pid(), 10*time.Second); err != nil {
-		t.Errorf("a pending resume of a running container did not exit before its line: %v", err)
-	}
-	if err := pending.Cancel(); err == nil || !strings.Contains(err.Error(), `container "c" is running, not paused`) {
+	// A running container is refused before the wait: StartResume sees the
+	// process exit instead of reading its line.
+	if _, err := p.r.StartResume("c", out); err == nil || !strings.Contains(err.Error(), `container "c" is running, not paused`) {
 		t.Fatalf("pending resume of a running container: %v; want a refusal", err)
 	}
 }
