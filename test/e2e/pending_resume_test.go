@@ -40,67 +40,7 @@ func TestWarmPoolRestoredPrespawned(t *testing.T) {
 		}
 	}
 
-	first := pool.Waiting()[0]
-	servedBy := resumes(first)
-	if len(servedBy) != 1 {
-		t.Fatalf("waiting clone %s: runsc resume processes %v, want 1", first, servedBy)
-	}
-	got := restoreFromPool(t, p, pool, 3)
-	if got[0].ID != first {
-		t.Fatalf("the first request resumed %s, want the oldest waiting clone %s", got[0].ID, first)
-	}
-	for _, s := range got {
-		if !s.Prespawned {
-			t.Errorf("clone %s was resumed by a runsc that the request started, not by its waiting one", s.ID)
-		}
-	}
-	if err := processGone(servedBy[0], 5*time.Second); err != nil {
-		t.Errorf("the waiting runsc resume of %s: %v", first, err)
-	}
-	if pids := resumes(first); len(pids) != 0 {
-		t.Errorf("runsc resume processes of %s after it was handed out: %v", first, pids)
-	}
-	checkPrivateMarks(t, p, got)
-
-	// The oldest waiting clone loses its resume process: the pool must not
-	// hand it out, and must replace it.
-	waiting := pool.Waiting()
-	pids := resumes(waiting[0])
-	if len(pids) != 1 {
-		t.Fatalf("waiting clone %s: runsc resume processes %v, want 1", waiting[0], pids)
-	}
-	if err := killAndReap(pids[0]); err != nil {
-		t.Fatal(err)
-	}
-	s, err := pool.Restore(p.image)
-	if err != nil {
-		t.Fatalf("request after a waiting resume process was killed: %v", err)
-	}
-	if s.ID == waiting[0] {
-		t.Fatalf("resumed %s, whose resume process was killed", s.ID)
-	}
-	if !s.Prespawned {
-		t.Errorf("clone %s was resumed by a runsc that the request started, not by its waiting one", s.ID)
-	}
-	checkFirstTick(t, s.ID, s.Out, p.lastTick)
-	got = append(got, s)
-	if err := pool.Fill(time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.r.Exec("state", waiting[0]); err == nil {
-		t.Errorf("clone %s, whose resume process was killed, still exists", waiting[0])
-	}
-
-	// The same when the clone's sandbox dies.
-	got = append(got, restoreAfterKill(t, p, pool))
-
-	left := pool.Waiting()
-	checkPoolClose(t, p, pool, got)
-	for _, id := range left {
-		if pids := resumes(id); len(pids) != 0 {
-			t.Errorf("runsc resume processes of %s still run after Close: %v", id, pids)
-		}
-	}
+	checkPrespawnedPool(t, p, pool, "resume", resumes)
 }
 
 // TestPendingResumeRefusals: `runsc resume --wait-line-from` resumes only on

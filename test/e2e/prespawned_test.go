@@ -39,61 +39,7 @@ func TestWarmPoolPrespawned(t *testing.T) {
 		t.Fatalf("restore with flags from a prespawned pool: %v; want a refusal", err)
 	}
 
-	// The oldest waiting sandbox is handed out, and its waiting runsc
-	// restore serves the request: it exits, and no other starts.
-	first := pool.Waiting()[0]
-	servedBy := pendingRestores(t, first)
-	if len(servedBy) != 1 {
-		t.Fatalf("waiting sandbox %s: runsc restore processes %v, want 1", first, servedBy)
-	}
-	got := restoreFromPool(t, p, pool, 3)
-	if got[0].ID != first {
-		t.Fatalf("the first restore went into %s, want the oldest waiting sandbox %s", got[0].ID, first)
-	}
-	if err := processGone(servedBy[0], 5*time.Second); err != nil {
-		t.Errorf("the waiting runsc restore of %s: %v", first, err)
-	}
-	if pids := pendingRestores(t, first); len(pids) != 0 {
-		t.Errorf("runsc restore processes of %s after it was handed out: %v", first, pids)
-	}
-	checkPrivateMarks(t, p, got)
-
-	// The oldest waiting sandbox loses its restore process: the pool must
-	// not hand it out, and must replace it.
-	waiting := pool.Waiting()
-	pids := pendingRestores(t, waiting[0])
-	if len(pids) != 1 {
-		t.Fatalf("waiting sandbox %s: runsc restore processes %v, want 1", waiting[0], pids)
-	}
-	if err := killAndReap(pids[0]); err != nil {
-		t.Fatal(err)
-	}
-	s, err := pool.Restore(p.image)
-	if err != nil {
-		t.Fatalf("restore after a waiting restore process was killed: %v", err)
-	}
-	if s.ID == waiting[0] {
-		t.Fatalf("restored into %s, whose restore process was killed", s.ID)
-	}
-	checkFirstTick(t, s.ID, s.Out, p.lastTick)
-	got = append(got, s)
-	if err := pool.Fill(time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.r.Exec("state", waiting[0]); err == nil {
-		t.Errorf("sandbox %s, whose restore process was killed, still exists", waiting[0])
-	}
-
-	// The same when the sandbox itself dies.
-	got = append(got, restoreAfterKill(t, p, pool))
-
-	left := pool.Waiting()
-	checkPoolClose(t, p, pool, got)
-	for _, id := range left {
-		if pids := pendingRestores(t, id); len(pids) != 0 {
-			t.Errorf("runsc restore processes of %s still run after Close: %v", id, pids)
-		}
-	}
+	checkPrespawnedPool(t, p, pool, "restore", func(id string) []int { return pendingRestores(t, id) })
 }
 
 // TestPendingRestoreCancelled starts a `runsc restore --image-path-from` of a
@@ -286,4 +232,73 @@ func waitReadingImagePath(t *testing.T, pid int) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("runsc restore (pid %d) did not open its image path's file within 30s", pid)
+}
+
+// checkPrespawnedPool checks a pool whose waiting sandboxes each have a
+// prespawned runsc process (kind: restore or resume; pids finds those of a
+// sandbox): the oldest is handed out first and served by its process, which
+// then exits, and no other starts; the clones continue the tick with
+// private marks; a waiting sandbox whose process was killed is not handed
+// out but replaced, and so is one whose sandbox was killed; Close leaves no
+// waiting sandbox and no process.
+func checkPrespawnedPool(t *testing.T, p *parked, pool *warmpool.Pool, kind string, pids func(id string) []int) {
+	t.Helper()
+	first := pool.Waiting()[0]
+	servedBy := pids(first)
+	if len(servedBy) != 1 {
+		t.Fatalf("waiting sandbox %s: runsc %s processes %v, want 1", first, kind, servedBy)
+	}
+	got := restoreFromPool(t, p, pool, 3)
+	if got[0].ID != first {
+		t.Fatalf("the first request went to %s, want the oldest waiting sandbox %s", got[0].ID, first)
+	}
+	if err := processGone(servedBy[0], 5*time.Second); err != nil {
+		t.Errorf("the waiting runsc %s of %s: %v", kind, first, err)
+	}
+	if left := pids(first); len(left) != 0 {
+		t.Errorf("runsc %s processes of %s after it was handed out: %v", kind, first, left)
+	}
+	checkPrivateMarks(t, p, got)
+
+	// The oldest waiting sandbox loses its process: the pool must not hand
+	// it out, and must replace it.
+	waiting := pool.Waiting()
+	killed := pids(waiting[0])
+	if len(killed) != 1 {
+		t.Fatalf("waiting sandbox %s: runsc %s processes %v, want 1", waiting[0], kind, killed)
+	}
+	if err := killAndReap(killed[0]); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pool.Restore(p.image)
+	if err != nil {
+		t.Fatalf("request after a waiting runsc %s was killed: %v", kind, err)
+	}
+	if s.ID == waiting[0] {
+		t.Fatalf("the request went to %s, whose runsc %s was killed", s.ID, kind)
+	}
+	checkFirstTick(t, s.ID, s.Out, p.lastTick)
+	got = append(got, s)
+	for _, s := range got {
+		if !s.Prespawned {
+			t.Errorf("%s was served by a runsc %s that the request started, not by its waiting one", s.ID, kind)
+		}
+	}
+	if err := pool.Fill(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.r.Exec("state", waiting[0]); err == nil {
+		t.Errorf("sandbox %s, whose runsc %s was killed, still exists", waiting[0], kind)
+	}
+
+	// The same when the sandbox itself dies.
+	got = append(got, restoreAfterKill(t, p, pool))
+
+	left := pool.Waiting()
+	checkPoolClose(t, p, pool, got)
+	for _, id := range left {
+		if ps := pids(id); len(ps) != 0 {
+			t.Errorf("runsc %s processes of %s still run after Close: %v", kind, id, ps)
+		}
+	}
 }
