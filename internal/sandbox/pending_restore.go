@@ -120,11 +120,11 @@ func (p *pending) sendLine(line string, notStarted error) error {
 	return p.err
 }
 
-// awaitReading waits until p's runsc process has opened its line's file, a
+// WaitReading waits until p's runsc process has opened its line's file, a
 // second descriptor of its standard input (it has done its checks by then
 // and waits for the line), or has exited, and returns the process's error
 // in that case.
-func (p *pending) awaitReading(timeout time.Duration) error {
+func (p *pending) WaitReading(timeout time.Duration) error {
 	fdDir := fmt.Sprintf("/proc/%d/fd", p.Pid())
 	for deadline := time.Now().Add(timeout); ; time.Sleep(2 * time.Millisecond) {
 		select {
@@ -222,7 +222,7 @@ func (r *Runsc) StartResume(id, outPath string) (*PendingResume, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.awaitReading(30 * time.Second); err != nil {
+	if err := p.WaitReading(30 * time.Second); err != nil {
 		p.Cancel()
 		return nil, err
 	}

@@ -163,6 +163,12 @@ func NewPrespawned(r *sandbox.Runsc, bundle, dir, prefix string, size int, extra
 // prefix-NNNNNN with their output in dir, and returns once they all wait.
 // Restore of image resumes one of them.
 func NewRestored(r *sandbox.Runsc, bundle, image, dir, prefix string, size int, extra ...string) (*Pool, error) {
+	return newRestored(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, restoreArgs: slices.Clone(extra)}, image)
+}
+
+// newRestored makes p a pool of paused clones of image (NewRestored,
+// NewRestoredPrespawned).
+func newRestored(p *Pool, image string) (*Pool, error) {
 	if image == "" {
 		return nil, fmt.Errorf("warmpool: no image to restore the pool from")
 	}
@@ -170,7 +176,8 @@ func NewRestored(r *sandbox.Runsc, bundle, image, dir, prefix string, size int, 
 	if err != nil {
 		return nil, fmt.Errorf("warmpool: %w", err)
 	}
-	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, image: abs, restoreArgs: slices.Clone(extra)})
+	p.image = abs
+	return newPool(p)
 }
 
 // NewRestoredPrespawned is NewRestored, and starts for each paused clone a
@@ -180,14 +187,7 @@ func NewRestoredPrespawned(r *sandbox.Runsc, bundle, image, dir, prefix string, 
 	if r.Upstream {
 		return nil, fmt.Errorf("warmpool: upstream runsc cannot start a resume before its request (resume --wait-line-from)")
 	}
-	if image == "" {
-		return nil, fmt.Errorf("warmpool: no image to restore the pool from")
-	}
-	abs, err := filepath.Abs(image)
-	if err != nil {
-		return nil, fmt.Errorf("warmpool: %w", err)
-	}
-	return newPool(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, image: abs, restoreArgs: slices.Clone(extra), prespawn: true})
+	return newRestored(&Pool{r: r, bundle: bundle, dir: dir, prefix: prefix, size: size, restoreArgs: slices.Clone(extra), prespawn: true}, image)
 }
 
 func newPool(p *Pool) (*Pool, error) {

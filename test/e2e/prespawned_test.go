@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -85,7 +84,9 @@ func TestPendingRestoreCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Let runsc load "d" before it is removed.
-	waitReadingImagePath(t, pending.Pid())
+	if err := pending.WaitReading(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	p.r.Destroy("d")
 	if err := p.r.Create(p.bundle, "d-other", filepath.Join(p.dir, "d-other.out")); err != nil {
 		t.Fatal(err)
@@ -110,7 +111,9 @@ func TestPendingRestoreCancelled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitReadingImagePath(t, pending.Pid()) // it found no "e"
+	if err := pending.WaitReading(30 * time.Second); err != nil { // it found no "e"
+		t.Fatal(err)
+	}
 	if err := p.r.Create(p.bundle, "e", filepath.Join(p.dir, "e-created.out")); err != nil {
 		t.Fatal(err)
 	}
@@ -203,35 +206,6 @@ func createPending(t *testing.T) (*parked, string, *sandbox.PendingRestore) {
 		t.Fatal(err)
 	}
 	return p, out, pending
-}
-
-// waitReadingImagePath waits until the `runsc restore --image-path-from
-// /dev/stdin` of process pid has opened its image path's file, a second
-// descriptor of its standard input: it has loaded (or not found) its
-// container by then, and waits for the line.
-func waitReadingImagePath(t *testing.T, pid int) {
-	t.Helper()
-	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		stdin, err := os.Readlink(filepath.Join(fdDir, "0"))
-		if err != nil {
-			t.Fatalf("runsc restore (pid %d): %v", pid, err)
-		}
-		n := 0
-		if ents, err := os.ReadDir(fdDir); err == nil {
-			for _, e := range ents {
-				if l, err := os.Readlink(filepath.Join(fdDir, e.Name())); err == nil && l == stdin {
-					n++
-				}
-			}
-		}
-		if n >= 2 {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("runsc restore (pid %d) did not open its image path's file within 30s", pid)
 }
 
 // checkPrespawnedPool checks a pool whose waiting sandboxes each have a
