@@ -133,8 +133,8 @@ func TestRegistryLazyRestore(t *testing.T) {
 		first := fetchedBytes()
 		t.Logf("at the first clone's first tick: %.1f MiB fetched of %.1f MiB of non-zero base (%d blocks of %.1f MiB), %.1f MiB of it by the pull",
 			float64(first)/(1<<20), float64(nonZero)/(1<<20), len(bm.Blocks), float64(bm.Length)/(1<<20), float64(pulledBytes)/(1<<20))
-		if first == pulledBytes || first > nonZero/2-8<<20 {
-			t.Errorf("the first clone's first tick fetched %d bytes (%d of them by the pull); want some after the pull, and at most half of the base's %d non-zero bytes less 8 MiB that prefetches in flight may add", first, pulledBytes, nonZero)
+		if first > nonZero/2-8<<20 {
+			t.Errorf("the first clone's first tick fetched %d bytes (%d of them by the pull); want at most half of the base's %d non-zero bytes less 8 MiB that prefetches in flight may add", first, pulledBytes, nonZero)
 		}
 	}
 	fetches := mustFetches(t, store, hex)
@@ -151,6 +151,13 @@ func TestRegistryLazyRestore(t *testing.T) {
 		}
 	}
 	t.Logf("after 4 clones' first ticks: %d blocks, %.1f MiB fetched", len(fetches), float64(fetched)/(1<<20))
+	// The clones read blocks that the pull did not fetch: the tick checks
+	// its heap after each line, 1 MiB a tick. (Not asserted at the first
+	// clone's first tick: the tick prints that line before it checks
+	// anything, so whether the first check has begun by then is a race.)
+	if fetched <= pulledBytes {
+		t.Errorf("4 clones running their ticks fetched %d bytes, all of them by the pull (%d): want blocks fetched on demand", fetched, pulledBytes)
+	}
 	for _, id := range []string{"b1", "b2", "b3", "b4"} {
 		nodeB.Destroy(id)
 	}

@@ -226,7 +226,7 @@ func checkPrespawnedPool(t *testing.T, p *parked, pool *warmpool.Pool, kind stri
 	if got[0].ID != first {
 		t.Fatalf("the first request went to %s, want the oldest waiting sandbox %s", got[0].ID, first)
 	}
-	if err := processGone(servedBy[0], 5*time.Second); err != nil {
+	if err := processGone(servedBy[0], reapTimeout); err != nil {
 		t.Errorf("the waiting runsc %s of %s: %v", kind, first, err)
 	}
 	if left := pids(first); len(left) != 0 {

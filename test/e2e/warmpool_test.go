@@ -186,7 +186,9 @@ func checkPoolClose(t *testing.T, p *parked, pool *warmpool.Pool, got []warmpool
 	}
 }
 
-// killAndReap kills process pid and waits until it is gone.
+// killAndReap kills process pid and waits until it is gone (its parent,
+// a goroutine of the harness for the runsc processes it starts, has reaped
+// it).
 func killAndReap(pid int) error {
 	p, err := os.FindProcess(pid)
 	if err != nil {
@@ -195,18 +197,65 @@ func killAndReap(pid int) error {
 	if err := p.Kill(); err != nil {
 		return err
 	}
-	if err := processGone(pid, 2*time.Second); err != nil {
+	if err := processGone(pid, reapTimeout); err != nil {
 		return fmt.Errorf("after SIGKILL: %w", err)
 	}
 	return nil
 }
 
-// processGone waits up to timeout for process pid to be gone.
+// reapTimeout is how long a process may take to be gone after it was
+// killed or told to exit. A loaded CI machine (2 CPUs, a dozen sandboxes of
+// other tests) has delayed that by more than 2 s.
+const reapTimeout = 10 * time.Second
+
+// processGone waits up to timeout for process pid to be gone: no process
+// with that PID, or one started later (the PID was reused). If it is not,
+// the error says what the process was doing (its state and parent).
 func processGone(pid int, timeout time.Duration) error {
+	first, ok := procStat(pid)
+	if !ok {
+		return nil
+	}
 	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+		if st, ok := procStat(pid); !ok || st.start != first.start {
 			return nil
 		}
 	}
-	return fmt.Errorf("process %d still exists after %v", pid, timeout)
+	st, ok := procStat(pid)
+	if !ok || st.start != first.start {
+		return nil
+	}
+	return fmt.Errorf("process %d still exists after %v: state %s, parent %d (Z: killed, not yet reaped by its parent)", pid, timeout, st.state, st.ppid)
+}
+
+// pidStat is what processGone reads from /proc/PID/stat.
+type pidStat struct {
+	state string
+	ppid  int
+	// start is the process's start time in clock ticks since boot, which
+	// tells a reused PID apart.
+	start uint64
+}
+
+// procStat reads /proc/pid/stat; false if there is no such process.
+func procStat(pid int) (pidStat, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return pidStat{}, false
+	}
+	// The fields after the parenthesized command name, from the state
+	// (field 3) on; the start time is field 22.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return pidStat{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return pidStat{}, false
+	}
+	var st pidStat
+	st.state = f[0]
+	fmt.Sscan(f[1], &st.ppid)
+	fmt.Sscan(f[19], &st.start)
+	return st, true
 }
