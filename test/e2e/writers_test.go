@@ -316,7 +316,14 @@ func TestSharedBaseCOWExtremes(t *testing.T) {
 // the returned directory from then on.
 func parkWriterWithLogs(t *testing.T, mib int) (*parked, string) {
 	t.Helper()
-	p := parkSource(t, mib, "-write-pct", "30")
+	return parkWithLogs(t, mib, "-write-pct", "30")
+}
+
+// parkWithLogs parks a tick workload of mib MiB started with args and has
+// its runsc write debug logs into the returned directory from then on.
+func parkWithLogs(t *testing.T, mib int, args ...string) (*parked, string) {
+	t.Helper()
+	p := parkSource(t, mib, args...)
 	logs := filepath.Join(p.dir, "logs")
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		t.Fatal(err)
@@ -396,19 +403,22 @@ func TestSharedBaseExecBreaksCOW(t *testing.T) {
 // TestSharedBaseParkWhileLearning parks the clone that learns the base's
 // write set with --leave-running while it holds its speculative copy of the
 // base (patch 0030), whose copies are given back only outside a
-// checkpoint: once right after its first tick (running: it is likely still
-// learning, which nothing here can force), and once paused (`runsc pause`)
+// checkpoint: once right after its first tick (running: still learning, see
+// below), and once paused (`runsc pause`)
 // right after it was restored with --paused and resumed (paused: learning
 // starts at the resume and ends only after 250 ms without a new write,
-// paused time not counted, so the learner certainly holds its copy during
-// the park; the park saves the copy's unchanged pages as base-backed). The clone keeps ticking with its heap intact
-// and still writes the write set, and a clone of the new image continues
-// from the parked tick with its heap intact.
+// paused time not counted; the workload (tick -creep) writes one more 2 MiB
+// window of its heap every 50 ms tick, so the learner sees new writes for
+// 1.6 s after the resume and holds its copy during the park however long
+// `runsc pause` takes to start; the park saves the copy's unchanged pages as
+// base-backed). The clone keeps ticking with its heap intact and still
+// writes the write set, and a clone of the new image continues from the
+// parked tick with its heap intact.
 func TestSharedBaseParkWhileLearning(t *testing.T) {
 	for _, paused := range []bool{false, true} {
 		t.Run(fmt.Sprintf("paused=%t", paused), func(t *testing.T) {
 			const mib = 64
-			p, logs := parkWriterWithLogs(t, mib)
+			p, logs := parkWithLogs(t, mib, "-creep")
 			image2 := filepath.Join(p.dir, "image-learning")
 			var out string
 			var before, after int
@@ -434,10 +444,11 @@ func TestSharedBaseParkWhileLearning(t *testing.T) {
 					t.Fatal(err)
 				}
 				// The learner held its copy through the park (it gives
-				// the copy back only after 250 ms of unpaused quiet), and
-				// the park saved the copy's pages that still hold the
-				// base's bytes as base-backed, not as the clone's own.
-				if logsContain(t, logs, "of speculative copies in") {
+				// the copy back only after 250 ms of unpaused quiet, or
+				// once paused that long after the park), and the park
+				// saved the copy's pages that still hold the base's bytes
+				// as base-backed, not as the clone's own.
+				if logsContainBefore(t, logs, "of speculative copies in", "Sandbox save started") {
 					t.Fatalf("the learner gave its copy back before the park (debug logs in %s)", logs)
 				}
 				st, err := os.Stat(filepath.Join(image2, "pages.img"))

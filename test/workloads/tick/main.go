@@ -3,13 +3,19 @@
 // whether the heap still holds the pattern. A restored clone must continue
 // the counter (not restart it) and keep printing "sum=ok".
 //
-// Usage: tick [-mib N] [-interval D] [-check-mib N] [-write-pct P] [-seed S] [-ksm] [-ctl PATH]
+// Usage: tick [-mib N] [-interval D] [-check-mib N] [-write-pct P] [-creep] [-seed S] [-ksm] [-ctl PATH]
 //
 // With -write-pct P, every tick first stores into P% of the heap's pages,
 // chosen by a fixed hash and visited in a scattered order, before it prints:
 // a writer like a runtime that updates reference counts or GC marks over its
 // heap. The stored values equal the pattern, so the check still holds; after
 // a restore, the first line comes only after every store of the first tick.
+//
+// With -creep, every tick also stores into one more 2 MiB window of the heap
+// (its first page, the same value), window after window, wrapping around: a
+// clone's written set then grows by a window per tick for as many ticks as
+// the heap has windows, so a learner of its write set keeps seeing new
+// writes that long.
 //
 // Output, one line per tick:
 //
@@ -61,7 +67,10 @@ func pattern(i int) uint64 {
 	return mix(i) ^ seedMix
 }
 
-const wordsPerPage = 4096 / 8
+const (
+	wordsPerPage = 4096 / 8
+	windowWords  = (2 << 20) / 8
+)
 
 func main() {
 	mib := flag.Int("mib", 64, "heap size in MiB")
@@ -74,6 +83,7 @@ func main() {
 	filePath := flag.String("file", "", "if set, a file in the writable layer: written with a pattern at start (unless it exists), then checked like the heap")
 	fileMiB := flag.Int("file-mib", 16, "size of -file in MiB")
 	writePct := flag.Int("write-pct", 0, "percent of heap pages stored into every tick, in a scattered order, before printing")
+	creep := flag.Bool("creep", false, "every tick, also store into the first page of the next 2 MiB window of the heap, wrapping around")
 	seed := flag.Uint64("seed", 0, "if not 0, a heap whose content no process with another seed shares (every page differs)")
 	ksm := flag.Bool("ksm", false, "mark the heap mergeable for KSM (madvise MADV_MERGEABLE) once it is filled")
 	flag.Parse()
@@ -132,6 +142,8 @@ func main() {
 	}
 
 	writes := writeOrder(len(heap)/wordsPerPage, *writePct, markIdx/wordsPerPage)
+	// creepWindow is the window that -creep stores into next.
+	creepWindow := 0
 	code, err := newCodePage()
 	if err != nil {
 		fmt.Printf("code page: %v\n", err)
@@ -209,6 +221,16 @@ func main() {
 		for _, p := range writes {
 			i := p * wordsPerPage
 			heap[i] = pattern(i)
+		}
+		if *creep {
+			i := creepWindow * windowWords
+			if i == markIdx {
+				i += wordsPerPage // the mark's page keeps the mark
+			}
+			if i < words {
+				heap[i] = pattern(i)
+			}
+			creepWindow = (creepWindow + 1) % ((words + windowWords - 1) / windowWords)
 		}
 		sum := "ok"
 		if bad {
