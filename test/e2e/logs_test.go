@@ -52,22 +52,3 @@ func readLogs(t *testing.T, dir string) []logFile {
 	}
 	return files
 }
-
-// logsContainBefore reports whether a runsc debug log under dir has a line
-// that contains s followed, later in the same file, by a line that contains
-// later.
-func logsContainBefore(t *testing.T, dir, s, later string) bool {
-	t.Helper()
-	for _, f := range readLogs(t, dir) {
-		seen := false
-		for _, l := range f.lines {
-			if seen && strings.Contains(l, later) {
-				return true
-			}
-			if strings.Contains(l, s) {
-				seen = true
-			}
-		}
-	}
-	return false
-}

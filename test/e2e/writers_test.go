@@ -448,7 +448,7 @@ func TestSharedBaseParkWhileLearning(t *testing.T) {
 				// once paused that long after the park), and the park
 				// saved the copy's pages that still hold the base's bytes
 				// as base-backed, not as the clone's own.
-				if logsContainBefore(t, logs, "of speculative copies in", "Sandbox save started") {
+				if logsInOrder(t, logs, func(l string) bool { return strings.Contains(l, "of speculative copies in") }, "Sandbox save started") {
 					t.Fatalf("the learner gave its copy back before the park (debug logs in %s)", logs)
 				}
 				st, err := os.Stat(filepath.Join(image2, "pages.img"))
