@@ -36,7 +36,7 @@ type logFile struct {
 
 // readLogs returns the files of dir (a runsc --debug-log directory), in
 // name order; a file that cannot be read (removed meanwhile) is left out.
-func readLogs(t *testing.T, dir string) []logFile {
+func readLogs(t testing.TB, dir string) []logFile {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {

@@ -144,9 +144,6 @@ func TestSharedBaseWriterClones(t *testing.T) {
 			// from user mode while the clone runs (patch 0045), unless it
 			// finds that this does not pay, which it must say.
 			checkTouches(t, logs, uint64(mib*pct/100/2)<<20, tc.alwaysTouch)
-			if l := logLines(t, logs, "Touching restored memory of MM"); len(l) != 0 {
-				t.Errorf("a restore's user-mode touch failed: %s", l[0])
-			}
 			pss := fleetPss(t, p.r, ids)
 			t.Logf("%d clones storing into %d%% of %d MiB: total memory %.1f MiB, upstream %.1f MiB", clones, pct, mib, pss, upstream)
 			if pss > upstream*1.05 {
@@ -182,13 +179,17 @@ func waitWriteSet(t *testing.T, path string) {
 }
 
 // populatedRE and touchedRE match the lines that kernel.PopulateRestoredMemory
-// and the user-mode touch that it starts log; probeStopRE and idleStopRE the
-// reasons the touch gives for stopping early.
+// and the user-mode touch that it starts log; touchFailedRE the touch's
+// failure, and lateRE one whose piece passed its deadline (the platform
+// interrupted it); probeStopRE and idleStopRE the reasons the touch gives for
+// stopping early.
 var (
-	populatedRE = regexp.MustCompile(`Populated the page tables of (\d+) bytes of restored memory`)
-	touchedRE   = regexp.MustCompile(`Touched (\d+) bytes of restored memory from user mode`)
-	probeStopRE = regexp.MustCompile(`; stopped: a page's first access cost (\S+) \(median of the probes \[([^]]*)\]\): cheap on this host$`)
-	idleStopRE  = regexp.MustCompile(`; stopped: the tasks ran for (\S+), then none for (\S+)$`)
+	populatedRE   = regexp.MustCompile(`Populated the page tables of (\d+) bytes of restored memory`)
+	touchedRE     = regexp.MustCompile(`Touched (\d+) bytes of restored memory from user mode`)
+	touchFailedRE = regexp.MustCompile(`Touching restored memory of MM .* from user mode: `)
+	lateRE        = regexp.MustCompile(`\(deadline passed: true, interrupts: \d+\)$`)
+	probeStopRE   = regexp.MustCompile(`; stopped: a page's first access cost (\S+) \(median of the probes \[([^]]*)\]\): cheap on this host$`)
+	idleStopRE    = regexp.MustCompile(`; stopped: the tasks ran for (\S+), then none for (\S+)$`)
 )
 
 // checkTouches checks the user-mode touch of each restore, logged in its
@@ -196,14 +197,18 @@ var (
 // least want bytes, or, unless always, it stopped for a reason that the
 // policy (kernel.touchStop) allows, after touching the five whole pieces of
 // 64 pages that its probe needs. It fails if no restore populated that
-// much.
-func checkTouches(t *testing.T, dir string, want uint64, always bool) {
+// much, or if any touch failed, with one exception: one restore in dir may
+// have stopped at a piece that passed its 50 ms deadline after touching
+// those five pieces, which a stub thread that the host did not schedule in
+// time causes on a loaded machine (the piece takes well under a
+// millisecond otherwise), and the platform then stops touching, by design.
+func checkTouches(t testing.TB, dir string, want uint64, always bool) {
 	t.Helper()
 	const probeBytes = 5 * 64 * 4096
-	checked := 0
+	checked, late := 0, 0
 	for _, f := range readLogs(t, dir) {
 		var populated, touched uint64
-		var touchLine string
+		var touchLine, failed string
 		for _, l := range f.lines {
 			if m := populatedRE.FindStringSubmatch(l); m != nil {
 				populated, _ = strconv.ParseUint(m[1], 10, 64)
@@ -212,6 +217,18 @@ func checkTouches(t *testing.T, dir string, want uint64, always bool) {
 				touched, _ = strconv.ParseUint(m[1], 10, 64)
 				touchLine = l
 			}
+			if touchFailedRE.MatchString(l) {
+				failed = l
+			}
+		}
+		if failed != "" {
+			if !lateRE.MatchString(failed) || touched < probeBytes || late > 0 {
+				t.Errorf("%s: a restore's user-mode touch failed (%d bytes touched; earlier restores that stopped at their deadline: %d): %s", f.name, touched, late, failed)
+				continue
+			}
+			late++
+			t.Logf("%s: the touch stopped at a piece that passed its deadline, after %d bytes (a stub thread not scheduled in time; allowed once): %s", f.name, touched, failed)
+			continue
 		}
 		if populated < want {
 			continue
