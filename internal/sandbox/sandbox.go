@@ -234,15 +234,28 @@ func ProcessCPU(pid int) (time.Duration, error) {
 	return st.CPU, err
 }
 
-// ProcStat is what /proc/PID/stat says of a process's costs so far.
+// ProcStat is what /proc/PID/stat says of a process: its state, parent
+// and start, and its costs so far.
 type ProcStat struct {
+	// State is its state letter (R, S, D, Z for a zombie, X when dead...).
+	State byte
+	// PPID is its parent's PID.
+	PPID int
+	// StartTicks is its start time in clock ticks after boot, which tells
+	// a process from a later one that reused its PID.
+	StartTicks uint64
 	// UserCPU and CPU are its user time and its user and system time.
 	UserCPU, CPU time.Duration
 	// MinorFaults and MajorFaults count its host page faults.
 	MinorFaults, MajorFaults int64
 }
 
-// ReadProcStat returns the costs of process pid so far, from /proc/PID/stat.
+// Alive reports whether the process has not exited: it is neither a zombie
+// nor dead.
+func (st ProcStat) Alive() bool { return st.State != 'Z' && st.State != 'X' }
+
+// ReadProcStat returns what /proc/PID/stat says of process pid. The error
+// wraps fs.ErrNotExist if there is no such process.
 func ReadProcStat(pid int) (ProcStat, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -255,13 +268,13 @@ func ReadProcStat(pid int) (ProcStat, error) {
 		return ProcStat{}, fmt.Errorf("/proc/%d/stat: no command name in %q", pid, b)
 	}
 	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); minflt, majflt, utime and stime are fields
-	// 10, 12, 14 and 15.
-	if len(f) < 13 {
-		return ProcStat{}, fmt.Errorf("/proc/%d/stat: %d fields after the command name", pid, len(f))
+	// f[0] is field 3 (state); ppid, minflt, majflt, utime, stime and
+	// starttime are fields 4, 10, 12, 14, 15 and 22.
+	if len(f) < 20 || len(f[0]) != 1 {
+		return ProcStat{}, fmt.Errorf("/proc/%d/stat: %d fields after the command name, state %q", pid, len(f), f[0])
 	}
-	var v [4]int64
-	for k, idx := range []int{7, 9, 11, 12} {
+	var v [6]int64
+	for k, idx := range []int{1, 7, 9, 11, 12, 19} {
 		n, err := strconv.ParseInt(f[idx], 10, 64)
 		if err != nil {
 			return ProcStat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
@@ -270,10 +283,13 @@ func ReadProcStat(pid int) (ProcStat, error) {
 	}
 	tick := time.Second / clockTicksPerSecond
 	return ProcStat{
-		UserCPU:     time.Duration(v[2]) * tick,
-		CPU:         time.Duration(v[2]+v[3]) * tick,
-		MinorFaults: v[0],
-		MajorFaults: v[1],
+		State:       f[0][0],
+		PPID:        int(v[0]),
+		StartTicks:  uint64(v[5]),
+		UserCPU:     time.Duration(v[3]) * tick,
+		CPU:         time.Duration(v[3]+v[4]) * tick,
+		MinorFaults: v[1],
+		MajorFaults: v[2],
 	}, nil
 }
 
@@ -533,13 +549,8 @@ func (r *Runsc) Resume(id string) error {
 
 // alive reports whether process pid exists and is not a zombie.
 func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// The state follows the parenthesized command name.
-	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
+	st, err := ReadProcStat(pid)
+	return err == nil && st.Alive()
 }
 
 // Annotate adds annotations to the OCI spec of the bundle in dir.

@@ -1,7 +1,10 @@
 package sandbox
 
 import (
+	"errors"
+	"io/fs"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -61,5 +64,36 @@ func TestReadProcStatFaults(t *testing.T) {
 	}
 	if after.UserCPU > after.CPU || after.CPU < before.CPU {
 		t.Errorf("CPU went from %+v to %+v", before, after)
+	}
+}
+
+// TestReadProcStatIdentity: the state, parent and start time that tell a
+// running process from a zombie, a gone one and a later one with its PID.
+func TestReadProcStatIdentity(t *testing.T) {
+	self, err := ReadProcStat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !self.Alive() || self.PPID != os.Getppid() || self.StartTicks == 0 {
+		t.Errorf("ReadProcStat(self) = %+v; want alive, parent %d and a start time", self, os.Getppid())
+	}
+	// A child that exited and is not yet reaped is a zombie, not alive.
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	var child ProcStat
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if child, err = ReadProcStat(pid); err != nil || child.State == 'Z' || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || child.Alive() || child.PPID != os.Getpid() || child.StartTicks < self.StartTicks || alive(pid) {
+		t.Errorf("ReadProcStat(exited child) = %+v, %v, alive %t; want a zombie whose parent is %d, started after us", child, err, alive(pid), os.Getpid())
+	}
+	cmd.Wait()
+	if _, err := ReadProcStat(pid); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ReadProcStat(reaped child) error = %v; want fs.ErrNotExist", err)
 	}
 }

@@ -212,50 +212,22 @@ const reapTimeout = 10 * time.Second
 // with that PID, or one started later (the PID was reused). If it is not,
 // the error says what the process was doing (its state and parent).
 func processGone(pid int, timeout time.Duration) error {
-	first, ok := procStat(pid)
-	if !ok {
+	first, err := sandbox.ReadProcStat(pid)
+	if err != nil {
 		return nil
 	}
+	same := func() (sandbox.ProcStat, bool) {
+		st, err := sandbox.ReadProcStat(pid)
+		return st, err == nil && st.StartTicks == first.StartTicks
+	}
 	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if st, ok := procStat(pid); !ok || st.start != first.start {
+		if _, ok := same(); !ok {
 			return nil
 		}
 	}
-	st, ok := procStat(pid)
-	if !ok || st.start != first.start {
+	st, ok := same()
+	if !ok {
 		return nil
 	}
-	return fmt.Errorf("process %d still exists after %v: state %s, parent %d (Z: killed, not yet reaped by its parent)", pid, timeout, st.state, st.ppid)
-}
-
-// pidStat is what processGone reads from /proc/PID/stat.
-type pidStat struct {
-	state string
-	ppid  int
-	// start is the process's start time in clock ticks since boot, which
-	// tells a reused PID apart.
-	start uint64
-}
-
-// procStat reads /proc/pid/stat; false if there is no such process.
-func procStat(pid int) (pidStat, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return pidStat{}, false
-	}
-	// The fields after the parenthesized command name, from the state
-	// (field 3) on; the start time is field 22.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return pidStat{}, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return pidStat{}, false
-	}
-	var st pidStat
-	st.state = f[0]
-	fmt.Sscan(f[1], &st.ppid)
-	fmt.Sscan(f[19], &st.start)
-	return st, true
+	return fmt.Errorf("process %d still exists after %v: state %c, parent %d (Z: killed, not yet reaped by its parent)", pid, timeout, st.State, st.PPID)
 }
