@@ -255,7 +255,8 @@ type ProcStat struct {
 func (st ProcStat) Alive() bool { return st.State != 'Z' && st.State != 'X' }
 
 // ReadProcStat returns what /proc/PID/stat says of process pid. The error
-// wraps fs.ErrNotExist if there is no such process.
+// wraps fs.ErrNotExist if there is no such process, or syscall.ESRCH if it
+// was reaped while the file was read.
 func ReadProcStat(pid int) (ProcStat, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -271,7 +272,7 @@ func ReadProcStat(pid int) (ProcStat, error) {
 	// f[0] is field 3 (state); ppid, minflt, majflt, utime, stime and
 	// starttime are fields 4, 10, 12, 14, 15 and 22.
 	if len(f) < 20 || len(f[0]) != 1 {
-		return ProcStat{}, fmt.Errorf("/proc/%d/stat: %d fields after the command name, state %q", pid, len(f), f[0])
+		return ProcStat{}, fmt.Errorf("/proc/%d/stat: %d fields after the command name, want at least 20 and a one-letter state: %q", pid, len(f), b[i+1:])
 	}
 	var v [6]int64
 	for k, idx := range []int{1, 7, 9, 11, 12, 19} {

@@ -3,10 +3,12 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -212,22 +214,35 @@ const reapTimeout = 10 * time.Second
 // with that PID, or one started later (the PID was reused). If it is not,
 // the error says what the process was doing (its state and parent).
 func processGone(pid int, timeout time.Duration) error {
+	// gone reports whether the read says there is no such process; any
+	// other error is one to report, not a process gone.
+	gone := func(err error) bool {
+		return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+	}
 	first, err := sandbox.ReadProcStat(pid)
-	if err != nil {
+	if gone(err) {
 		return nil
 	}
-	same := func() (sandbox.ProcStat, bool) {
+	if err != nil {
+		return err
+	}
+	// same reports whether pid is still the process first read, or the
+	// error of a read that failed otherwise than by its absence.
+	same := func() (sandbox.ProcStat, bool, error) {
 		st, err := sandbox.ReadProcStat(pid)
-		return st, err == nil && st.StartTicks == first.StartTicks
+		if gone(err) {
+			return st, false, nil
+		}
+		return st, err == nil && st.StartTicks == first.StartTicks, err
 	}
 	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if _, ok := same(); !ok {
-			return nil
+		if _, ok, err := same(); err != nil || !ok {
+			return err
 		}
 	}
-	st, ok := same()
-	if !ok {
-		return nil
+	st, ok, err := same()
+	if err != nil || !ok {
+		return err
 	}
 	return fmt.Errorf("process %d still exists after %v: state %c, parent %d (Z: killed, not yet reaped by its parent)", pid, timeout, st.State, st.PPID)
 }
