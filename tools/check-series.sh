@@ -6,14 +6,27 @@
 # pkg/cpuid also without asmdecl, which its xgetbv assembly fails),
 # and generated protobuf code is what its .proto generates (tools/proto.sh).
 #
+# The worktree is always build/check-series-worktree: Go's build cache keys
+# a package's compilation by its directory too, so a new directory per run
+# missed the cache for every prefix (a run took 36 minutes) and added a
+# whole series of builds to it each time (77 GB over a few days here),
+# where one fixed directory rebuilds only the prefixes that changed.
+#
 # Usage: tools/check-series.sh [TREE]   (default build/gvisor)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 tree=${1:-$top/build/gvisor}
-work=$(mktemp -d)
-trap 'git -C "$tree" worktree remove --force "$work/wt" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-git -C "$tree" worktree add -q --detach "$work/wt" upstream
-cd "$work/wt"
+wt=$top/build/check-series-worktree
+remove_worktree() {
+	git -C "$tree" worktree remove --force "$wt" >/dev/null 2>&1 || true
+	rm -rf "$wt"
+	git -C "$tree" worktree prune
+}
+# A run that was killed left its worktree behind.
+remove_worktree
+trap remove_worktree EXIT
+git -C "$tree" worktree add -q --detach "$wt" upstream
+cd "$wt"
 export CGO_ENABLED=0
 n=0 fail=0
 for c in $(git -C "$tree" rev-list --reverse upstream..HEAD); do
