@@ -5,7 +5,10 @@
 # them into TREE's runsc/boot/filter/filter_precompiled.go and
 # runsc/fsgofer/filter/filter_precompiled.go (the generated files are
 # NAME.go.txt and NAME-gofer.go.txt, so that `go vet ./...` of this module
-# skips them). Cached on the content of the sources the programs come from.
+# skips them); where TREE is the fork's, with the systrap stubs' programs in
+# pkg/sentry/platform/systrap/stub_seccomp_precompiled.go too
+# (tools/stubseccompgen, NAME-systrap.go.txt). Cached on the content of the
+# sources the programs come from.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 tree=$(cd "$1" && pwd)
@@ -14,8 +17,9 @@ out=$top/build/seccomp
 mkdir -p "$out"
 # The key covers the generator, the module it runs in, and the packages the
 # two filter configurations import.
-key=$( (go version; cd "$top" && sha256sum tools/seccomp.sh tools/seccompgen/*.go go.mod go.sum; cd "$tree" && find runsc/boot/filter runsc/fsgofer/filter pkg/seccomp pkg/abi/linux pkg/sentry/platform pkg/sentry/devices pkg/sentry/socket pkg/tcpip/link/fdbased runsc/config -name '*.go' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
-if [ -f "$out/$name.key" ] && [ "$(cat "$out/$name.key")" = "$key" ] && [ -f "$out/$name.json" ] && [ -f "$out/$name.go.txt" ] && [ -f "$out/$name-gofer.go.txt" ]; then
+key=$( (go version; cd "$top" && sha256sum tools/seccomp.sh tools/seccompgen/*.go tools/stubseccompgen/*.go tools/precompiledfile/*.go go.mod go.sum; cd "$tree" && find runsc/boot/filter runsc/fsgofer/filter pkg/seccomp pkg/abi/linux pkg/sentry/platform pkg/sentry/devices pkg/sentry/socket pkg/tcpip/link/fdbased runsc/config -name '*.go' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
+if [ -f "$out/$name.key" ] && [ "$(cat "$out/$name.key")" = "$key" ] && [ -f "$out/$name.json" ] && [ -f "$out/$name.go.txt" ] && [ -f "$out/$name-gofer.go.txt" ] &&
+	{ [ ! -f "$tree/pkg/sentry/platform/systrap/stub_seccomp_precompiled.go" ] || [ -f "$out/$name-systrap.go.txt" ]; }; then
 	exit 0
 fi
 # Run the generator against TREE: our module with gvisor.dev/gvisor
@@ -29,5 +33,13 @@ trap 'rm -f "$gen"' EXIT
 (cd "$top" && go build -modfile="$out/$name.mod" -o "$gen" ./tools/seccompgen)
 "$gen" -for sentry -in "$tree/$sentry" -out "$out/$name.go.txt"
 "$gen" -for gofer -in "$tree/$gofer" -out "$out/$name-gofer.go.txt"
-printf '{"Replace": {"%s": "%s", "%s": "%s"}}\n' "$tree/$sentry" "$out/$name.go.txt" "$tree/$gofer" "$out/$name-gofer.go.txt" > "$out/$name.json"
+replace=$(printf '"%s": "%s", "%s": "%s"' "$tree/$sentry" "$out/$name.go.txt" "$tree/$gofer" "$out/$name-gofer.go.txt")
+stubs=pkg/sentry/platform/systrap/stub_seccomp_precompiled.go
+rm -f "$out/$name-systrap.go.txt"
+if [ -f "$tree/$stubs" ]; then
+	(cd "$top" && go build -modfile="$out/$name.mod" -tags forkvisor_tree -o "$gen" ./tools/stubseccompgen)
+	"$gen" -in "$tree/$stubs" -out "$out/$name-systrap.go.txt"
+	replace="$replace, $(printf '"%s": "%s"' "$tree/$stubs" "$out/$name-systrap.go.txt")"
+fi
+printf '{"Replace": {%s}}\n' "$replace" > "$out/$name.json"
 echo "$key" > "$out/$name.key"

@@ -15,7 +15,9 @@ import (
 // and requires the sentry and the gofer of both the run and the restore to
 // install a precompiled seccomp program (tools/seccomp.sh), not to compile
 // one at start: a build that lost a program would make that runtime's
-// starts or restores slower alone, and the comparisons unfair.
+// starts or restores slower alone, and the comparisons unfair. The fork's
+// sandboxes must also render their systrap stubs' three programs from
+// precompiled ones (patch 0049), which upstream's compiles at every start.
 func TestSeccompFiltersPrecompiled(t *testing.T) {
 	for _, test := range []struct {
 		name      string
@@ -53,6 +55,23 @@ func TestSeccompFiltersPrecompiled(t *testing.T) {
 					}
 					if s := string(b); !strings.Contains(s, "Loaded precompiled seccomp instructions") || strings.Contains(s, "No precompiled program found") {
 						t.Errorf("%s: the %s should install a precompiled seccomp program, not build one at start", l, process)
+					}
+					if process != "boot" {
+						continue
+					}
+					// The fork's systrap renders its stubs' programs
+					// from precompiled ones (patch 0049); upstream's
+					// compiles them.
+					for _, stub := range []string{"stub process", "sysmsg threads", "syscall notify"} {
+						rendered := false
+						for _, line := range strings.Split(string(b), "\n") {
+							if strings.Contains(line, "Rendered the precompiled seccomp program") && strings.Contains(line, "systrap "+stub+`"`) {
+								rendered = true
+							}
+						}
+						if rendered != !r.Upstream {
+							t.Errorf("%s: the systrap stubs' %q program rendered from a precompiled one: %t, want %t", l, stub, rendered, !r.Upstream)
+						}
 					}
 				}
 			}

@@ -1,4 +1,4 @@
-package main
+package precompiledfile
 
 import (
 	"go/ast"
@@ -20,9 +20,10 @@ import "gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
 
 var precompiledPrograms map[string]precompiledseccomp.Program
 
-` + disabled + `
+const PrecompilationDisabledAtBuildTime = true
+
 func registerPrograms() {
-` + emptyBody + `	precompiledPrograms = programs
+` + EmptyBody + `	precompiledPrograms = programs
 }
 `
 
@@ -142,7 +143,7 @@ func TestGenerate(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gen, err := generate(template, tc.programs)
+			gen, err := Generate(template, "PrecompilationDisabledAtBuildTime", tc.programs)
 			if err != nil {
 				t.Fatalf("generate: %v", err)
 			}
@@ -181,12 +182,12 @@ func TestGenerateRefusesUnexpectedTemplates(t *testing.T) {
 	for _, tc := range []struct {
 		name, src, want string
 	}{
-		{"registerPrograms not empty", strings.Replace(template, emptyBody, emptyBody+"\tprograms[\"x\"] = precompiledseccomp.Program{}\n", 1) + "func other() {\n" + emptyBody + "}\n", "does not have the expected empty body"},
-		{"no empty body", strings.Replace(template, emptyBody, "", 1), "does not have the expected empty body"},
-		{"no disabled constant", strings.Replace(template, disabled, "", 1), "PrecompilationDisabledAtBuildTime = true"},
+		{"registerPrograms not empty", strings.Replace(template, EmptyBody, EmptyBody+"\tprograms[\"x\"] = precompiledseccomp.Program{}\n", 1) + "func other() {\n" + EmptyBody + "}\n", "does not have the expected empty body"},
+		{"no empty body", strings.Replace(template, EmptyBody, "", 1), "does not have the expected empty body"},
+		{"no disabled constant", strings.Replace(template, "const PrecompilationDisabledAtBuildTime = true\n", "", 1), "PrecompilationDisabledAtBuildTime = true"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := generate(tc.src, nil)
+			_, err := Generate(tc.src, "PrecompilationDisabledAtBuildTime", nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("generate: got error %v, want one containing %q", err, tc.want)
 			}
