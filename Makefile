@@ -103,6 +103,10 @@ vet:
 # test skipped (outside CI; under CI=true a missing prerequisite fails).
 test-fork: $(TREE)/go.mod
 	cd $(TREE) && $(GO) test -count=1 -timeout 20m $(FORK_TEST_PKGS)
+	# The systrap stubs' programs again, with the generated file that
+	# bin/runsc is built with (tools/seccomp.sh): rendered, not compiled.
+	tools/seccomp.sh $(TREE) fork
+	cd $(TREE) && $(GO) test -count=1 -overlay=$(CURDIR)/build/seccomp/fork.json -run 'TestPrecompiledStubPrograms|TestStubProgramInstructions' ./pkg/sentry/platform/systrap/
 	cd tools/protogen && $(GO) test -count=1 .
 	$(MAKE) fuzz FUZZTIME=20000x
 

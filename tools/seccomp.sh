@@ -17,11 +17,14 @@ out=$top/build/seccomp
 mkdir -p "$out"
 # The key covers the generator, the module it runs in, and the packages the
 # two filter configurations import.
-key=$( (go version; cd "$top" && sha256sum tools/seccomp.sh tools/seccompgen/*.go tools/stubseccompgen/*.go tools/precompiledfile/*.go go.mod go.sum; cd "$tree" && find runsc/boot/filter runsc/fsgofer/filter pkg/seccomp pkg/abi/linux pkg/sentry/platform pkg/sentry/devices pkg/sentry/socket pkg/tcpip/link/fdbased runsc/config -name '*.go' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
+key=$( (go version; cd "$top" && sha256sum tools/seccomp.sh tools/seccompgen/*.go tools/stubseccompgen/*.go tools/precompiledfile/*.go go.mod go.sum; cd "$tree" && sha256sum go.mod && find runsc/boot/filter runsc/fsgofer/filter pkg/seccomp pkg/bpf pkg/abi/linux pkg/sentry/platform pkg/sentry/devices pkg/sentry/socket pkg/tcpip/link/fdbased runsc/config -name '*.go' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
 if [ -f "$out/$name.key" ] && [ "$(cat "$out/$name.key")" = "$key" ] && [ -f "$out/$name.json" ] && [ -f "$out/$name.go.txt" ] && [ -f "$out/$name-gofer.go.txt" ] &&
 	{ [ ! -f "$tree/pkg/sentry/platform/systrap/stub_seccomp_precompiled.go" ] || [ -f "$out/$name-systrap.go.txt" ]; }; then
 	exit 0
 fi
+# A failed run leaves no key and no overlay, so that the next one starts
+# over instead of building with a stale or missing file.
+rm -f "$out/$name.key" "$out/$name.json"
 # Run the generator against TREE: our module with gvisor.dev/gvisor
 # replaced by TREE.
 sed "\$a replace gvisor.dev/gvisor => $tree" "$top/go.mod" > "$out/$name.mod"
@@ -41,5 +44,6 @@ if [ -f "$tree/$stubs" ]; then
 	"$gen" -in "$tree/$stubs" -out "$out/$name-systrap.go.txt"
 	replace="$replace, $(printf '"%s": "%s"' "$tree/$stubs" "$out/$name-systrap.go.txt")"
 fi
-printf '{"Replace": {%s}}\n' "$replace" > "$out/$name.json"
+printf '{"Replace": {%s}}\n' "$replace" > "$out/$name.json.tmp"
+mv "$out/$name.json.tmp" "$out/$name.json"
 echo "$key" > "$out/$name.key"

@@ -3,6 +3,10 @@
 // samples of its sandboxes, gofers and helpers (processes that run the
 // build's binary under the name "exe", as runsc starts them through
 // /proc/self/exe) whose stacks pass through each of a list of functions.
+// A sample counts for a build when one of its frames is in the build's
+// binary: the systrap stub processes' own code runs from an anonymous
+// mapping and is not counted, nor is the runsc command itself (its name is
+// "runsc").
 // A sample counts once per function, whatever its depth. perf script's
 // frames are "ADDRESS SYMBOL (BINARY)"; a function matches the end of a
 // frame's symbol.
@@ -53,7 +57,11 @@ func main() {
 	}
 	paths := make([]string, len(builds))
 	for i, b := range builds {
+		// perf names the binary a process mapped: its resolved path.
 		abs, err := filepath.Abs(b)
+		if err == nil {
+			abs, err = filepath.EvalSymlinks(abs)
+		}
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "restoreprofile: %v\n", err)
 			os.Exit(1)
@@ -67,7 +75,7 @@ func main() {
 	// Every sample of a process counts for its role, which one of its
 	// samples' stacks shows (runsc starts all of them as "exe").
 	roles := []struct{ label, frame string }{
-		{"all samples of sandbox and systrap stub processes (sentrycmd.(*Boot).Execute)", "sentrycmd.(*Boot).Execute"},
+		{"all samples of sandbox processes (sentrycmd.(*Boot).Execute)", "sentrycmd.(*Boot).Execute"},
 		{"all samples of gofer processes (cmd.(*Gofer).Execute)", "cmd.(*Gofer).Execute"},
 		{"all samples of /proc umounters (sentrycmd.(*Umount).Execute)", "sentrycmd.(*Umount).Execute"},
 	}
@@ -115,8 +123,10 @@ func main() {
 		if strings.TrimSpace(line) == "" {
 			continue
 		}
-		if !strings.HasPrefix(line, "\t") && !strings.HasPrefix(line, " ") {
-			// A sample's header (its PID) starts a new stack.
+		if !strings.HasPrefix(line, "\t") {
+			// A sample's header (its PID, right-aligned: it may
+			// start with spaces) starts a new stack; frames start
+			// with a tab.
 			flush()
 			pid = strings.TrimSpace(line)
 			continue
@@ -127,6 +137,11 @@ func main() {
 	if err := sc.Err(); err != nil {
 		fmt.Fprintf(os.Stderr, "restoreprofile: reading perf script: %v\n", err)
 		os.Exit(1)
+	}
+	for i, b := range builds {
+		if counts[i][0] == 0 {
+			fmt.Fprintf(os.Stderr, "restoreprofile: no sample of %s (%s): is it the binary the profiled runs used?\n", b, paths[i])
+		}
 	}
 	fmt.Printf("%-78s", "samples whose stack passes through")
 	for _, b := range builds {

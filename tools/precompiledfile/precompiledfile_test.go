@@ -143,7 +143,7 @@ func TestGenerate(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gen, err := Generate(template, "PrecompilationDisabledAtBuildTime", tc.programs)
+			gen, err := Generate("tools/seccompgen", template, "PrecompilationDisabledAtBuildTime", tc.programs)
 			if err != nil {
 				t.Fatalf("generate: %v", err)
 			}
@@ -187,7 +187,7 @@ func TestGenerateRefusesUnexpectedTemplates(t *testing.T) {
 		{"no disabled constant", strings.Replace(template, "const PrecompilationDisabledAtBuildTime = true\n", "", 1), "PrecompilationDisabledAtBuildTime = true"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Generate(tc.src, "PrecompilationDisabledAtBuildTime", nil)
+			_, err := Generate("tools/seccompgen", tc.src, "PrecompilationDisabledAtBuildTime", nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("generate: got error %v, want one containing %q", err, tc.want)
 			}

@@ -36,7 +36,7 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	gen, err := precompiledfile.Generate(string(src), disabledConst, programs)
+	gen, err := precompiledfile.Generate("tools/stubseccompgen", string(src), disabledConst, programs)
 	if err != nil {
 		fatal(fmt.Errorf("%s: %w", *in, err))
 	}
