@@ -101,10 +101,11 @@ vet:
 
 # -timeout stays below CI's 90 minutes so that cleanups run; -v shows why a
 # test skipped (outside CI; under CI=true a missing prerequisite fails).
+# test-fork also runs the systrap stubs' program tests again with the
+# generated file that bin/runsc is built with (tools/seccomp.sh), so that
+# they render precompiled programs instead of compiling them.
 test-fork: $(TREE)/go.mod
 	cd $(TREE) && $(GO) test -count=1 -timeout 20m $(FORK_TEST_PKGS)
-	# The systrap stubs' programs again, with the generated file that
-	# bin/runsc is built with (tools/seccomp.sh): rendered, not compiled.
 	tools/seccomp.sh $(TREE) fork
 	cd $(TREE) && $(GO) test -count=1 -overlay=$(CURDIR)/build/seccomp/fork.json -run 'TestPrecompiledStubPrograms|TestStubProgramInstructions' ./pkg/sentry/platform/systrap/
 	cd tools/protogen && $(GO) test -count=1 .
