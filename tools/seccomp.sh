@@ -7,7 +7,8 @@
 # NAME.go.txt and NAME-gofer.go.txt, so that `go vet ./...` of this module
 # skips them); where TREE is the fork's, with the systrap stubs' programs in
 # pkg/sentry/platform/systrap/stub_seccomp_precompiled.go too
-# (tools/stubseccompgen, NAME-systrap.go.txt). Cached on the content of the
+# (tools/seccompgen -for systrap, built with -tags forkvisor_tree;
+# NAME-systrap.go.txt). Cached on the content of the
 # sources the programs come from.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +18,7 @@ out=$top/build/seccomp
 mkdir -p "$out"
 # The key covers the generator, the module it runs in, and the packages the
 # two filter configurations import.
-key=$( (go version; cd "$top" && sha256sum tools/seccomp.sh tools/seccompgen/*.go tools/stubseccompgen/*.go tools/precompiledfile/*.go go.mod go.sum; cd "$tree" && sha256sum go.mod && find runsc/boot/filter runsc/fsgofer/filter pkg/seccomp pkg/bpf pkg/abi/linux pkg/sentry/platform pkg/sentry/devices pkg/sentry/socket pkg/tcpip/link/fdbased runsc/config -name '*.go' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
+key=$( (go version; cd "$top" && sha256sum tools/seccomp.sh tools/seccompgen/*.go go.mod go.sum; cd "$tree" && sha256sum go.mod && find runsc/boot/filter runsc/fsgofer/filter pkg/seccomp pkg/bpf pkg/abi/linux pkg/sentry/platform pkg/sentry/devices pkg/sentry/socket pkg/tcpip/link/fdbased runsc/config -name '*.go' -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
 if [ -f "$out/$name.key" ] && [ "$(cat "$out/$name.key")" = "$key" ] && [ -f "$out/$name.json" ] && [ -f "$out/$name.go.txt" ] && [ -f "$out/$name-gofer.go.txt" ] &&
 	{ [ ! -f "$tree/pkg/sentry/platform/systrap/stub_seccomp_precompiled.go" ] || [ -f "$out/$name-systrap.go.txt" ]; }; then
 	exit 0
@@ -31,17 +32,20 @@ sed "\$a replace gvisor.dev/gvisor => $tree" "$top/go.mod" > "$out/$name.mod"
 cp "$top/go.sum" "$out/$name.sum"
 sentry=runsc/boot/filter/filter_precompiled.go
 gofer=runsc/fsgofer/filter/filter_precompiled.go
+stubs=pkg/sentry/platform/systrap/stub_seccomp_precompiled.go
+tags=
+if [ -f "$tree/$stubs" ]; then
+	tags=forkvisor_tree
+fi
 gen=$(mktemp "$out/$name-seccompgen.XXXXXX")
 trap 'rm -f "$gen"' EXIT
-(cd "$top" && go build -modfile="$out/$name.mod" -o "$gen" ./tools/seccompgen)
+(cd "$top" && go build -modfile="$out/$name.mod" -tags "$tags" -o "$gen" ./tools/seccompgen)
 "$gen" -for sentry -in "$tree/$sentry" -out "$out/$name.go.txt"
 "$gen" -for gofer -in "$tree/$gofer" -out "$out/$name-gofer.go.txt"
 replace=$(printf '"%s": "%s", "%s": "%s"' "$tree/$sentry" "$out/$name.go.txt" "$tree/$gofer" "$out/$name-gofer.go.txt")
-stubs=pkg/sentry/platform/systrap/stub_seccomp_precompiled.go
 rm -f "$out/$name-systrap.go.txt"
-if [ -f "$tree/$stubs" ]; then
-	(cd "$top" && go build -modfile="$out/$name.mod" -tags forkvisor_tree -o "$gen" ./tools/stubseccompgen)
-	"$gen" -in "$tree/$stubs" -out "$out/$name-systrap.go.txt"
+if [ -n "$tags" ]; then
+	"$gen" -for systrap -in "$tree/$stubs" -out "$out/$name-systrap.go.txt"
 	replace="$replace, $(printf '"%s": "%s"' "$tree/$stubs" "$out/$name-systrap.go.txt")"
 fi
 printf '{"Replace": {%s}}\n' "$replace" > "$out/$name.json.tmp"

@@ -1,4 +1,4 @@
-package precompiledfile
+package main
 
 import (
 	"go/ast"
@@ -23,7 +23,7 @@ var precompiledPrograms map[string]precompiledseccomp.Program
 const PrecompilationDisabledAtBuildTime = true
 
 func registerPrograms() {
-` + EmptyBody + `	precompiledPrograms = programs
+` + emptyBody + `	precompiledPrograms = programs
 }
 `
 
@@ -143,7 +143,7 @@ func TestGenerate(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gen, err := Generate("tools/seccompgen", template, "PrecompilationDisabledAtBuildTime", tc.programs)
+			gen, err := generate(template, "PrecompilationDisabledAtBuildTime", tc.programs)
 			if err != nil {
 				t.Fatalf("generate: %v", err)
 			}
@@ -182,12 +182,12 @@ func TestGenerateRefusesUnexpectedTemplates(t *testing.T) {
 	for _, tc := range []struct {
 		name, src, want string
 	}{
-		{"registerPrograms not empty", strings.Replace(template, EmptyBody, EmptyBody+"\tprograms[\"x\"] = precompiledseccomp.Program{}\n", 1) + "func other() {\n" + EmptyBody + "}\n", "does not have the expected empty body"},
-		{"no empty body", strings.Replace(template, EmptyBody, "", 1), "does not have the expected empty body"},
+		{"registerPrograms not empty", strings.Replace(template, emptyBody, emptyBody+"\tprograms[\"x\"] = precompiledseccomp.Program{}\n", 1) + "func other() {\n" + emptyBody + "}\n", "does not have the expected empty body"},
+		{"no empty body", strings.Replace(template, emptyBody, "", 1), "does not have the expected empty body"},
 		{"no disabled constant", strings.Replace(template, "const PrecompilationDisabledAtBuildTime = true\n", "", 1), "PrecompilationDisabledAtBuildTime = true"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Generate("tools/seccompgen", tc.src, "PrecompilationDisabledAtBuildTime", nil)
+			_, err := generate(tc.src, "PrecompilationDisabledAtBuildTime", nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("generate: got error %v, want one containing %q", err, tc.want)
 			}
