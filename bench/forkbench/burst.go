@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/memstat"
@@ -28,9 +29,27 @@ type BurstResult struct {
 	// CPUMs is each restore's sentry CPU time at its first tick; for a
 	// sandbox created or restored beforehand, less what it had used by
 	// then.
-	CPUMs       []float64 `json:"cpu_ms"`
-	CPUP50Ms    float64   `json:"cpu_p50_ms"`
-	TotalPssMiB float64   `json:"total_pss_mib"` // once every clone read its heap (memstat.Usage.Total)
+	CPUMs    []float64 `json:"cpu_ms"`
+	CPUP50Ms float64   `json:"cpu_p50_ms"`
+	// RestoreCPUMs is each restore's CPU time in all its processes when
+	// its first tick is seen: the runsc command that served it
+	// (sandbox.CommandCPU), and the sandbox's sentry, stubs, gofer and
+	// their helpers (sandbox.SandboxTreeCPU); for what was created or
+	// started beforehand, less what it had used by then.
+	RestoreCPUMs    []float64 `json:"restore_cpu_ms"`
+	RestoreCPUP50Ms float64   `json:"restore_cpu_p50_ms"`
+	// HostCPUMs is the CPU time that the whole host used from the burst's
+	// start until every first tick had been read (sandbox.HostBusyCPU),
+	// less what it used at the rate measured over the second before, less
+	// this harness's own CPU meanwhile (its polling and /proc reads), and
+	// less what each clone's processes used after its first tick had been
+	// read: the runsc commands, sandboxes, gofers and stubs of the burst up
+	// to their first ticks, and the kernel's work for them (its threads
+	// included). HostCPUPerRestoreMs is HostCPUMs / Restores.
+	HostCPUMs           float64 `json:"host_cpu_ms"`
+	HostIdleCPUMsPerSec float64 `json:"host_idle_cpu_ms_per_s"`
+	HostCPUPerRestoreMs float64 `json:"host_cpu_per_restore_ms"`
+	TotalPssMiB         float64 `json:"total_pss_mib"` // once every clone read its heap (memstat.Usage.Total)
 	// PoolPssMiB is the total memory (memstat.Usage.Total) of the n
 	// sandboxes while they wait for the burst (0 for plain restores, which
 	// have none).
@@ -94,9 +113,9 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 	defer os.RemoveAll(base)
 	defer r.Cleanup()
 
-	res := BurstResult{Runtime: rt.name, Mode: mode, HeapMiB: heapMiB, Restores: n, RestoreMs: make([]float64, n), CPUMs: make([]float64, n)}
+	res := BurstResult{Runtime: rt.name, Mode: mode, HeapMiB: heapMiB, Restores: n, RestoreMs: make([]float64, n), CPUMs: make([]float64, n), RestoreCPUMs: make([]float64, n)}
 	ids, outs := make([]string, n), make([]string, n)
-	createCPU := make([]time.Duration, n)
+	createCPU, createTreeCPU := make([]time.Duration, n), make([]time.Duration, n)
 	pending := make([]*sandbox.PendingRestore, n)
 	resumes := make([]*sandbox.PendingResume, n)
 	for i := 0; i < n; i++ {
@@ -138,6 +157,15 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			cpu, err := r.SentryCPU(id)
 			must(err)
 			createCPU[i] = cpu
+			tree, err := r.SandboxTreeCPU(id)
+			must(err)
+			createTreeCPU[i] = tree
+			if pending[i] != nil {
+				createTreeCPU[i] += pending[i].CPU()
+			}
+			if resumes[i] != nil {
+				createTreeCPU[i] += resumes[i].CPU()
+			}
 		}
 		pool, err := r.Memory(ids...)
 		must(err)
@@ -162,9 +190,24 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			res.PoolPssMiB += float64(waiting.Total()) / 1024
 		}
 	}
+	// What the host uses before the burst (the waiting sandboxes and runsc
+	// processes of a pool, the host's own background), to subtract from
+	// the burst's host CPU.
+	idleFrom, err := sandbox.HostBusyCPU()
+	must(err)
+	idleStart := time.Now()
+	time.Sleep(time.Second)
+	idleTo, err := sandbox.HostBusyCPU()
+	must(err)
+	res.HostIdleCPUMsPerSec = ms(idleTo-idleFrom) / time.Since(idleStart).Seconds()
+
 	errs := make([]error, n)
 	ends := make([]time.Time, n)
+	treeAtFirstTick := make([]time.Duration, n)
 	var wg sync.WaitGroup
+	selfBefore := selfCPU()
+	busyBefore, err := sandbox.HostBusyCPU()
+	must(err)
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		wg.Add(1)
@@ -173,15 +216,18 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			// Not RestoreFirstTick: 16 goroutines polling every
 			// millisecond would take CPU from the restores they time.
 			var err error
+			var commandCPU time.Duration
 			switch {
 			case mode == burstPrerestored:
-				err = r.Resume(ids[i])
+				commandCPU, err = r.ResumeWithCPU(ids[i])
 			case resumes[i] != nil:
 				err = resumes[i].Resume()
+				commandCPU = resumes[i].CPU()
 			case pending[i] != nil:
 				err = pending[i].Restore(p.image)
+				commandCPU = pending[i].CPU()
 			default:
-				err = r.Restore(p.bundle, ids[i], p.image, outs[i], rt.restoreArgs...)
+				commandCPU, err = r.RestoreWithCPU(p.bundle, ids[i], p.image, outs[i], rt.restoreArgs...)
 			}
 			if err != nil {
 				errs[i] = err
@@ -194,8 +240,15 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			ends[i] = time.Now()
 			res.RestoreMs[i] = ms(ends[i].Sub(start))
 			cpu, err := r.SentryCPU(ids[i])
-			errs[i] = err
+			if err != nil {
+				errs[i] = err
+				return
+			}
 			res.CPUMs[i] = ms(cpu - createCPU[i])
+			tree, err := r.SandboxTreeCPU(ids[i])
+			errs[i] = err
+			treeAtFirstTick[i] = tree
+			res.RestoreCPUMs[i] = ms(commandCPU + tree - createTreeCPU[i])
 		}(i)
 	}
 	wg.Wait()
@@ -211,8 +264,21 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 		}
 	}
 	res.WallMs = ms(last.Sub(start))
+	busyAfter, err := sandbox.HostBusyCPU()
+	must(err)
+	window := time.Since(start)
+	self := selfCPU() - selfBefore
+	var afterFirstTick time.Duration
+	for i, id := range ids {
+		tree, err := r.SandboxTreeCPU(id)
+		must(err)
+		afterFirstTick += tree - treeAtFirstTick[i]
+	}
+	res.HostCPUMs = ms(busyAfter-busyBefore-self-afterFirstTick) - res.HostIdleCPUMsPerSec*window.Seconds()
+	res.HostCPUPerRestoreMs = res.HostCPUMs / float64(n)
 	res.RestoreP50Ms, res.RestoreMaxMs = median(res.RestoreMs), maxOf(res.RestoreMs)
 	res.CPUP50Ms = median(res.CPUMs)
+	res.RestoreCPUP50Ms = median(res.RestoreCPUMs)
 	// Let every clone read its whole heap, then measure.
 	for _, out := range outs {
 		waitFullPass(out, heapMiB, 4)
@@ -229,9 +295,17 @@ func printBurst(results []BurstResult) {
 	}
 	r0 := results[0]
 	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prespawned: the same with each one's runsc restore --image-path-from started beforehand too, prerestored: %d resumes of clones restored paused beforehand, prespawned-resume: the same with each one's runsc resume --wait-line-from started beforehand too (none of that timed; pool_MiB: their memory while they wait, prespawned runsc processes included)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
-	fmt.Printf("%-11s %-17s %9s %9s %9s %12s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "cpu_ms_p50", "total_MiB", "pool_MiB")
+	fmt.Printf("CPU ms per restore, read when its first tick is seen (polled every 10 ms): sentry_cpu_p50, the sandbox process's alone; restore_cpu_p50, all its processes (the runsc command that served it, sentry, stubs, gofer, helpers; less what a pool's ran beforehand); host_cpu, the whole host's from the burst's start until every first tick was read, less its rate in the second before, this harness's own and what the clones did after their first ticks, divided by the restores\n")
+	fmt.Printf("%-11s %-17s %9s %9s %9s %14s %15s %9s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "sentry_cpu_p50", "restore_cpu_p50", "host_cpu", "total_MiB", "pool_MiB")
 	for _, r := range results {
-		fmt.Printf("%-11s %-17s %9.0f %9.0f %9.0f %12.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.TotalPssMiB, r.PoolPssMiB)
+		fmt.Printf("%-11s %-17s %9.0f %9.0f %9.0f %14.0f %15.0f %9.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.RestoreCPUP50Ms, r.HostCPUPerRestoreMs, r.TotalPssMiB, r.PoolPssMiB)
+	}
+	// ratio formats a/b, or n/a where b is not positive.
+	ratio := func(a, b float64) string {
+		if b <= 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.2fx", a/b)
 	}
 	// best returns upstream's (or upstream-bg's) burst with the shortest
 	// wall time among those in modes, or a zero result.
@@ -247,20 +321,31 @@ func printBurst(results []BurstResult) {
 		if r.Runtime != "forkvisor" {
 			continue
 		}
-		if b := best(r.Mode); b.WallMs > 0 && b.CPUP50Ms > 0 && b.TotalPssMiB > 0 {
-			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, cpu per restore %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.CPUP50Ms/b.CPUP50Ms, r.TotalPssMiB/b.TotalPssMiB)
+		if b := best(r.Mode); b.WallMs > 0 {
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %s, cpu per restore %s (sentry's %s, host's %s), total memory %s\n", r.Mode, b.Mode, b.Runtime, ratio(r.WallMs, b.WallMs), ratio(r.RestoreCPUP50Ms, b.RestoreCPUP50Ms), ratio(r.CPUP50Ms, b.CPUP50Ms), ratio(r.HostCPUPerRestoreMs, b.HostCPUPerRestoreMs), ratio(r.TotalPssMiB, b.TotalPssMiB))
 		}
-		// Across modes, the sentry CPU columns count different work (a
-		// plain restore's includes creating its sandbox): wall and Pss
-		// only, against upstream's plain burst and against its best.
+		// Across modes, the CPU columns count different work (a plain
+		// restore's includes creating its sandbox, a pre-started one's
+		// does not): wall, the CPU of the restores' processes (what the
+		// burst itself costs, a pool's earlier work left out) and Pss,
+		// against upstream's plain burst and against its best.
 		if r.Mode == burstPlain {
 			continue
 		}
-		if b := best(burstPlain); b.WallMs > 0 && b.TotalPssMiB > 0 {
-			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
+		if b := best(burstPlain); b.WallMs > 0 {
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %s, cpu per restore in the burst %s, total memory %s\n", r.Mode, b.Mode, b.Runtime, ratio(r.WallMs, b.WallMs), ratio(r.RestoreCPUP50Ms, b.RestoreCPUP50Ms), ratio(r.TotalPssMiB, b.TotalPssMiB))
 		}
-		if b := best(burstPlain, burstPrestarted); (r.Mode == burstPrerestored || r.Mode == burstPrespawned || r.Mode == burstPrespawnedResume) && b.Mode != burstPlain && b.WallMs > 0 && b.TotalPssMiB > 0 {
-			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %.2fx, total memory %.2fx\n", r.Mode, b.Mode, b.Runtime, r.WallMs/b.WallMs, r.TotalPssMiB/b.TotalPssMiB)
+		if b := best(burstPlain, burstPrestarted); (r.Mode == burstPrerestored || r.Mode == burstPrespawned || r.Mode == burstPrespawnedResume) && b.Mode != burstPlain && b.WallMs > 0 {
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %s, cpu per restore in the burst %s, total memory %s\n", r.Mode, b.Mode, b.Runtime, ratio(r.WallMs, b.WallMs), ratio(r.RestoreCPUP50Ms, b.RestoreCPUP50Ms), ratio(r.TotalPssMiB, b.TotalPssMiB))
 		}
 	}
+}
+
+// selfCPU returns the CPU time (user and system) that this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

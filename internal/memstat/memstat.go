@@ -86,6 +86,12 @@ func Rollup(pid int) (Usage, error) {
 
 // Descendants returns pid and all its descendants.
 func Descendants(pid int) []int {
+	return DescendantsOf(pid)
+}
+
+// DescendantsOf returns each of roots and all their descendants, from one
+// pass over /proc. A root that is a descendant of another is listed twice.
+func DescendantsOf(roots ...int) []int {
 	children := map[int][]int{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -113,7 +119,7 @@ func Descendants(pid int) []int {
 		}
 		children[ppid] = append(children[ppid], p)
 	}
-	out := []int{pid}
+	out := append([]int(nil), roots...)
 	for i := 0; i < len(out); i++ {
 		out = append(out, children[out[i]]...)
 	}
@@ -177,11 +183,10 @@ type Sandbox struct {
 // sentryPID and whose gofer is goferPID (0 if none): both and their
 // descendants (the systrap stubs).
 func SandboxPIDs(sentryPID, goferPID int) []int {
-	pids := Descendants(sentryPID)
 	if goferPID > 0 {
-		pids = append(pids, Descendants(goferPID)...)
+		return DescendantsOf(sentryPID, goferPID)
 	}
-	return pids
+	return Descendants(sentryPID)
 }
 
 // OfSandbox measures the sandbox whose sentry is sentryPID and whose gofer

@@ -79,6 +79,21 @@ func (p *pending) Pid() int {
 	return p.d.cmd.Process.Pid
 }
 
+// CPU returns the CPU time that p's runsc process has used: all of it once
+// it has exited (CommandCPU), so far while it runs.
+func (p *pending) CPU() time.Duration {
+	select {
+	case <-p.done:
+		return CommandCPU(p.d.cmd)
+	default:
+		st, err := ReadProcStat(p.Pid())
+		if err != nil {
+			return 0
+		}
+		return st.CPU + st.ReapedCPU
+	}
+}
+
 // Waiting reports whether p's runsc process still waits for its line. A
 // process may end right after: the send then fails as not started.
 func (p *pending) Waiting() bool {

@@ -100,16 +100,17 @@ func (r *Runsc) Exec(args ...string) (string, error) {
 
 // startDetached runs a detaching runsc subcommand (run or restore) with the
 // container's stdout and stderr going to outPath.
-func (r *Runsc) startDetached(outPath string, args ...string) error {
+// It returns the CPU time that the runsc command used (CommandCPU).
+func (r *Runsc) startDetached(outPath string, args ...string) (time.Duration, error) {
 	d, err := r.detachedCommand(outPath, args...)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer d.close(true)
 	if err := d.cmd.Run(); err != nil {
-		return d.failed(err)
+		return CommandCPU(d.cmd), d.failed(err)
 	}
-	return nil
+	return CommandCPU(d.cmd), nil
 }
 
 // detached is a detaching runsc subcommand whose standard output is the
@@ -163,19 +164,28 @@ func (d *detached) close(remove bool) {
 
 // Run starts container id from bundle, detached; its output goes to outPath.
 func (r *Runsc) Run(bundle, id, outPath string) error {
-	return r.startDetached(outPath, "run", "--bundle", bundle, "--detach", id)
+	_, err := r.startDetached(outPath, "run", "--bundle", bundle, "--detach", id)
+	return err
 }
 
 // Create creates container id from bundle without starting it: its sandbox
 // and gofer processes wait for a start or a restore (runsc restore of the
 // same id). The container's output goes to outPath.
 func (r *Runsc) Create(bundle, id, outPath string) error {
-	return r.startDetached(outPath, "create", "--bundle", bundle, id)
+	_, err := r.startDetached(outPath, "create", "--bundle", bundle, id)
+	return err
 }
 
 // Restore restores container id from imageDir into bundle, detached; its
 // output goes to outPath. extra flags go before the container ID.
 func (r *Runsc) Restore(bundle, id, imageDir, outPath string, extra ...string) error {
+	_, err := r.RestoreWithCPU(bundle, id, imageDir, outPath, extra...)
+	return err
+}
+
+// RestoreWithCPU is Restore, and returns the CPU time that the runsc
+// restore command used (not its sandbox's: SandboxTreeCPU).
+func (r *Runsc) RestoreWithCPU(bundle, id, imageDir, outPath string, extra ...string) (time.Duration, error) {
 	args := append([]string{"restore", "--image-path", imageDir, "--bundle", bundle, "--detach"}, extra...)
 	return r.startDetached(outPath, append(args, id)...)
 }
@@ -246,6 +256,9 @@ type ProcStat struct {
 	StartTicks uint64
 	// UserCPU and CPU are its user time and its user and system time.
 	UserCPU, CPU time.Duration
+	// ReapedCPU is the user and system time of its children that have
+	// exited and that it has waited for (and of theirs).
+	ReapedCPU time.Duration
 	// MinorFaults and MajorFaults count its host page faults.
 	MinorFaults, MajorFaults int64
 }
@@ -269,13 +282,13 @@ func ReadProcStat(pid int) (ProcStat, error) {
 		return ProcStat{}, fmt.Errorf("/proc/%d/stat: no command name in %q", pid, b)
 	}
 	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); ppid, minflt, majflt, utime, stime and
-	// starttime are fields 4, 10, 12, 14, 15 and 22.
+	// f[0] is field 3 (state); ppid, minflt, majflt, utime, stime, cutime,
+	// cstime and starttime are fields 4, 10, 12, 14, 15, 16, 17 and 22.
 	if len(f) < 20 || len(f[0]) != 1 {
 		return ProcStat{}, fmt.Errorf("/proc/%d/stat: %d fields after the command name, want at least 20 and a one-letter state: %q", pid, len(f), b[i+1:])
 	}
-	var v [6]int64
-	for k, idx := range []int{1, 7, 9, 11, 12, 19} {
+	var v [8]int64
+	for k, idx := range []int{1, 7, 9, 11, 12, 19, 13, 14} {
 		n, err := strconv.ParseInt(f[idx], 10, 64)
 		if err != nil {
 			return ProcStat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
@@ -289,6 +302,7 @@ func ReadProcStat(pid int) (ProcStat, error) {
 		StartTicks:  uint64(v[5]),
 		UserCPU:     time.Duration(v[3]) * tick,
 		CPU:         time.Duration(v[3]+v[4]) * tick,
+		ReapedCPU:   time.Duration(v[6]+v[7]) * tick,
 		MinorFaults: v[1],
 		MajorFaults: v[2],
 	}, nil
@@ -544,8 +558,18 @@ func (r *Runsc) liveIn(id, status string) bool {
 
 // Resume resumes paused container id.
 func (r *Runsc) Resume(id string) error {
-	_, err := r.Exec("resume", id)
+	_, err := r.ResumeWithCPU(id)
 	return err
+}
+
+// ResumeWithCPU is Resume, and returns the CPU time that the runsc resume
+// command used.
+func (r *Runsc) ResumeWithCPU(id string) (time.Duration, error) {
+	cmd := r.Command("resume", id)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return CommandCPU(cmd), fmt.Errorf("runsc resume %s: %w: %s", id, err, strings.TrimSpace(string(out)))
+	}
+	return CommandCPU(cmd), nil
 }
 
 // alive reports whether process pid exists and is not a zombie.
