@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/memstat"
@@ -38,18 +37,7 @@ type BurstResult struct {
 	// started beforehand, less what it had used by then.
 	RestoreCPUMs    []float64 `json:"restore_cpu_ms"`
 	RestoreCPUP50Ms float64   `json:"restore_cpu_p50_ms"`
-	// HostCPUMs is the CPU time that the whole host used from the burst's
-	// start until every first tick had been read (sandbox.HostBusyCPU),
-	// less what it used at the rate measured over the second before, less
-	// this harness's own CPU meanwhile (its polling and /proc reads), and
-	// less what each clone's processes used after its first tick had been
-	// read: the runsc commands, sandboxes, gofers and stubs of the burst up
-	// to their first ticks, and the kernel's work for them (its threads
-	// included). HostCPUPerRestoreMs is HostCPUMs / Restores.
-	HostCPUMs           float64 `json:"host_cpu_ms"`
-	HostIdleCPUMsPerSec float64 `json:"host_idle_cpu_ms_per_s"`
-	HostCPUPerRestoreMs float64 `json:"host_cpu_per_restore_ms"`
-	TotalPssMiB         float64 `json:"total_pss_mib"` // once every clone read its heap (memstat.Usage.Total)
+	TotalPssMiB     float64   `json:"total_pss_mib"` // once every clone read its heap (memstat.Usage.Total)
 	// PoolPssMiB is the total memory (memstat.Usage.Total) of the n
 	// sandboxes while they wait for the burst (0 for plain restores, which
 	// have none).
@@ -190,24 +178,9 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			res.PoolPssMiB += float64(waiting.Total()) / 1024
 		}
 	}
-	// What the host uses before the burst (the waiting sandboxes and runsc
-	// processes of a pool, the host's own background), to subtract from
-	// the burst's host CPU.
-	idleFrom, err := sandbox.HostBusyCPU()
-	must(err)
-	idleStart := time.Now()
-	time.Sleep(time.Second)
-	idleTo, err := sandbox.HostBusyCPU()
-	must(err)
-	res.HostIdleCPUMsPerSec = ms(idleTo-idleFrom) / time.Since(idleStart).Seconds()
-
 	errs := make([]error, n)
 	ends := make([]time.Time, n)
-	treeAtFirstTick := make([]time.Duration, n)
 	var wg sync.WaitGroup
-	selfBefore := selfCPU()
-	busyBefore, err := sandbox.HostBusyCPU()
-	must(err)
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		wg.Add(1)
@@ -247,7 +220,6 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 			res.CPUMs[i] = ms(cpu - createCPU[i])
 			tree, err := r.SandboxTreeCPU(ids[i])
 			errs[i] = err
-			treeAtFirstTick[i] = tree
 			res.RestoreCPUMs[i] = ms(commandCPU + tree - createTreeCPU[i])
 		}(i)
 	}
@@ -264,18 +236,6 @@ func burstOne(base string, rt runtimeConfig, n, heapMiB int, mode burstMode) Bur
 		}
 	}
 	res.WallMs = ms(last.Sub(start))
-	busyAfter, err := sandbox.HostBusyCPU()
-	must(err)
-	window := time.Since(start)
-	self := selfCPU() - selfBefore
-	var afterFirstTick time.Duration
-	for i, id := range ids {
-		tree, err := r.SandboxTreeCPU(id)
-		must(err)
-		afterFirstTick += tree - treeAtFirstTick[i]
-	}
-	res.HostCPUMs = ms(busyAfter-busyBefore-self-afterFirstTick) - res.HostIdleCPUMsPerSec*window.Seconds()
-	res.HostCPUPerRestoreMs = res.HostCPUMs / float64(n)
 	res.RestoreP50Ms, res.RestoreMaxMs = median(res.RestoreMs), maxOf(res.RestoreMs)
 	res.CPUP50Ms = median(res.CPUMs)
 	res.RestoreCPUP50Ms = median(res.RestoreCPUMs)
@@ -295,10 +255,10 @@ func printBurst(results []BurstResult) {
 	}
 	r0 := results[0]
 	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prespawned: the same with each one's runsc restore --image-path-from started beforehand too, prerestored: %d resumes of clones restored paused beforehand, prespawned-resume: the same with each one's runsc resume --wait-line-from started beforehand too (none of that timed; pool_MiB: their memory while they wait, prespawned runsc processes included)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
-	fmt.Printf("CPU ms per restore, read when its first tick is seen (polled every 10 ms): sentry_cpu_p50, the sandbox process's alone; restore_cpu_p50, all its processes (the runsc command that served it, sentry, stubs, gofer, helpers; less what a pool's ran beforehand); host_cpu, the whole host's from the burst's start until every first tick was read, less its rate in the second before, this harness's own and what the clones did after their first ticks, divided by the restores\n")
-	fmt.Printf("%-11s %-17s %9s %9s %9s %14s %15s %9s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "sentry_cpu_p50", "restore_cpu_p50", "host_cpu", "total_MiB", "pool_MiB")
+	fmt.Printf("CPU ms per restore, read when its first tick is seen (polled every 10 ms): sentry_cpu_p50, the sandbox process's alone; restore_cpu_p50, all its processes (the runsc command that served it, sentry, stubs, gofer, helpers; less what a pool's ran beforehand)\n")
+	fmt.Printf("%-11s %-17s %9s %9s %9s %14s %15s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "sentry_cpu_p50", "restore_cpu_p50", "total_MiB", "pool_MiB")
 	for _, r := range results {
-		fmt.Printf("%-11s %-17s %9.0f %9.0f %9.0f %14.0f %15.0f %9.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.RestoreCPUP50Ms, r.HostCPUPerRestoreMs, r.TotalPssMiB, r.PoolPssMiB)
+		fmt.Printf("%-11s %-17s %9.0f %9.0f %9.0f %14.0f %15.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.RestoreCPUP50Ms, r.TotalPssMiB, r.PoolPssMiB)
 	}
 	// ratio formats a/b, or n/a where b is not positive.
 	ratio := func(a, b float64) string {
@@ -322,7 +282,7 @@ func printBurst(results []BurstResult) {
 			continue
 		}
 		if b := best(r.Mode); b.WallMs > 0 {
-			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %s, cpu per restore %s (sentry's %s, host's %s), total memory %s\n", r.Mode, b.Mode, b.Runtime, ratio(r.WallMs, b.WallMs), ratio(r.RestoreCPUP50Ms, b.RestoreCPUP50Ms), ratio(r.CPUP50Ms, b.CPUP50Ms), ratio(r.HostCPUPerRestoreMs, b.HostCPUPerRestoreMs), ratio(r.TotalPssMiB, b.TotalPssMiB))
+			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %s, cpu per restore %s (sentry's %s), total memory %s\n", r.Mode, b.Mode, b.Runtime, ratio(r.WallMs, b.WallMs), ratio(r.RestoreCPUP50Ms, b.RestoreCPUP50Ms), ratio(r.CPUP50Ms, b.CPUP50Ms), ratio(r.TotalPssMiB, b.TotalPssMiB))
 		}
 		// Across modes, the CPU columns count different work (a plain
 		// restore's includes creating its sandbox, a pre-started one's
@@ -339,13 +299,4 @@ func printBurst(results []BurstResult) {
 			fmt.Printf("burst forkvisor %s/upstream %s (%s): wall %s, cpu per restore in the burst %s, total memory %s\n", r.Mode, b.Mode, b.Runtime, ratio(r.WallMs, b.WallMs), ratio(r.RestoreCPUP50Ms, b.RestoreCPUP50Ms), ratio(r.TotalPssMiB, b.TotalPssMiB))
 		}
 	}
-}
-
-// selfCPU returns the CPU time (user and system) that this process has used.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		fatalf("getrusage: %v", err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -2,61 +2,11 @@ package sandbox
 
 import (
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/forkvisor/forkvisor/internal/memstat"
 )
-
-func TestParseHostBusyCPU(t *testing.T) {
-	for _, tc := range []struct {
-		name, stat string
-		want       time.Duration
-		wantErr    bool
-	}{
-		{
-			name: "user nice system irq softirq count, idle iowait steal do not",
-			stat: "cpu  100 20 30 5000 700 4 6 900 0 0\ncpu0 50 10 15 2500 350 2 3 450 0 0\nintr 1\n",
-			want: 160 * 10 * time.Millisecond,
-		},
-		{
-			name: "an old kernel without steal and guest",
-			stat: "cpu  1 2 3 4 5 6 7\n",
-			want: 19 * 10 * time.Millisecond,
-		},
-		{name: "no aggregate line", stat: "cpu0 1 2 3 4 5 6 7\n", wantErr: true},
-		{name: "too few fields", stat: "cpu  1 2 3\n", wantErr: true},
-		{name: "not a number", stat: "cpu  1 x 3 4 5 6 7\n", wantErr: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseHostBusyCPU(strings.NewReader(tc.stat))
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("parseHostBusyCPU: %v, want an error: %t", err, tc.wantErr)
-			}
-			if got != tc.want {
-				t.Errorf("parseHostBusyCPU = %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
-func TestHostBusyCPUGrows(t *testing.T) {
-	before, err := HostBusyCPU()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Spin for 200 ms: at least one clock tick of busy time must show.
-	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
-	}
-	after, err := HostBusyCPU()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if after-before < 100*time.Millisecond {
-		t.Errorf("busy CPU grew by %v over 200 ms of spinning, want at least 100 ms", after-before)
-	}
-}
 
 // TestTreeCPUCountsReapedChildren checks ReadProcStat's ReapedCPU and
 // TreeCPU with a shell whose child (dd) burns CPU and exits: while dd runs,
