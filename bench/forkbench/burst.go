@@ -35,8 +35,8 @@ type BurstResult struct {
 	// (sandbox.CommandCPU), and the sandbox's sentry, stubs, gofer and
 	// their helpers (sandbox.SandboxTreeCPU); for what was created or
 	// started beforehand, less what it had used by then.
-	RestoreCPUMs    []float64 `json:"restore_cpu_ms"`
-	RestoreCPUP50Ms float64   `json:"restore_cpu_p50_ms"`
+	RestoreCPUMs    []float64 `json:"all_processes_cpu_ms"`
+	RestoreCPUP50Ms float64   `json:"all_processes_cpu_p50_ms"`
 	TotalPssMiB     float64   `json:"total_pss_mib"` // once every clone read its heap (memstat.Usage.Total)
 	// PoolPssMiB is the total memory (memstat.Usage.Total) of the n
 	// sandboxes while they wait for the burst (0 for plain restores, which
@@ -255,7 +255,7 @@ func printBurst(results []BurstResult) {
 	}
 	r0 := results[0]
 	fmt.Printf("\nburst: %d restores of one parked %d MiB sandbox started at once; prestarted: into %d sandboxes created beforehand, prespawned: the same with each one's runsc restore --image-path-from started beforehand too, prerestored: %d resumes of clones restored paused beforehand, prespawned-resume: the same with each one's runsc resume --wait-line-from started beforehand too (none of that timed; pool_MiB: their memory while they wait, prespawned runsc processes included)\n", r0.Restores, r0.HeapMiB, r0.Restores, r0.Restores)
-	fmt.Printf("CPU ms per restore, read when its first tick is seen (polled every 10 ms): sentry_cpu_p50, the sandbox process's alone; restore_cpu_p50, all its processes (the runsc command that served it, sentry, stubs, gofer, helpers; less what a pool's ran beforehand)\n")
+	fmt.Printf("CPU ms per restore, read when its first tick is seen (polled every 10 ms): sentry_cpu_p50, the sandbox process's alone; restore_cpu_p50, all its processes (the runsc command that served it, sentry, stubs, gofer, helpers); both less what a pool's processes used beforehand\n")
 	fmt.Printf("%-11s %-17s %9s %9s %9s %14s %15s %10s %10s\n", "runtime", "mode", "wall_ms", "rst_p50", "rst_max", "sentry_cpu_p50", "restore_cpu_p50", "total_MiB", "pool_MiB")
 	for _, r := range results {
 		fmt.Printf("%-11s %-17s %9.0f %9.0f %9.0f %14.0f %15.0f %10.1f %10.1f\n", r.Runtime, r.Mode, r.WallMs, r.RestoreP50Ms, r.RestoreMaxMs, r.CPUP50Ms, r.RestoreCPUP50Ms, r.TotalPssMiB, r.PoolPssMiB)

@@ -9,9 +9,9 @@ import (
 
 // TreeCPU returns the CPU time (user and system) that the processes in pids
 // have used so far, each with its children that have exited and been waited
-// for (pids as memstat.DescendantsOf lists them). Between the reads of two
-// processes, a child may exit and be reaped by its parent: it is then
-// missed, or counted twice, its own CPU at most.
+// for (pids as memstat.DescendantsOf lists them, parents before children).
+// A child that exits and is reaped between the read of its parent and its
+// own read is missed, its own CPU at most.
 func TreeCPU(pids []int) time.Duration {
 	var total time.Duration
 	for _, p := range pids {
@@ -27,7 +27,7 @@ func TreeCPU(pids []int) time.Duration {
 // descendants (the systrap stubs, helpers such as the /proc umounter once
 // reaped), found in one pass over /proc (memstat.SandboxPIDs). runsc
 // commands are not in it (see CommandCPU), nor a process that has left the
-// tree (reparented elsewhere) or exited unreaped.
+// tree (reparented elsewhere) or that exited and was reaped outside it.
 func (r *Runsc) SandboxTreeCPU(id string) (time.Duration, error) {
 	pid, err := r.SandboxPID(id)
 	if err != nil {
