@@ -88,14 +88,22 @@ func (r *Runsc) Command(args ...string) *exec.Cmd {
 
 // Exec runs a runsc subcommand and returns its combined output.
 func (r *Runsc) Exec(args ...string) (string, error) {
+	out, _, err := r.execWithCPU(args...)
+	return out, err
+}
+
+// execWithCPU is Exec, and also returns the CPU time that the runsc command
+// used (CommandCPU).
+func (r *Runsc) execWithCPU(args ...string) (string, time.Duration, error) {
 	if err := os.MkdirAll(r.Root, 0o711); err != nil {
-		return "", err
+		return "", 0, err
 	}
-	out, err := r.Command(args...).CombinedOutput()
+	cmd := r.Command(args...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return string(out), fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return string(out), CommandCPU(cmd), fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
-	return string(out), nil
+	return string(out), CommandCPU(cmd), nil
 }
 
 // startDetached runs a detaching runsc subcommand (run or restore) with the
@@ -565,11 +573,8 @@ func (r *Runsc) Resume(id string) error {
 // ResumeWithCPU is Resume, and returns the CPU time that the runsc resume
 // command used.
 func (r *Runsc) ResumeWithCPU(id string) (time.Duration, error) {
-	cmd := r.Command("resume", id)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return CommandCPU(cmd), fmt.Errorf("runsc resume %s: %w: %s", id, err, strings.TrimSpace(string(out)))
-	}
-	return CommandCPU(cmd), nil
+	_, cpu, err := r.execWithCPU("resume", id)
+	return cpu, err
 }
 
 // alive reports whether process pid exists and is not a zombie.
