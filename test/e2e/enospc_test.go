@@ -182,6 +182,62 @@ func TestCheckpointFinishFailureKeepsImage(t *testing.T) {
 	}
 }
 
+// TestCheckpointResumeHookFailureKeepsImage checkpoints a running source
+// with --leave-running and a save/restore binary (the tick workload with
+// -exit-in-mode) that succeeds before the save and fails after the resume.
+// The save itself completed, so the checkpoint must fail naming the step
+// that failed and saying that the image was kept, keep and finish the image
+// (for --shared-base, publish its base), and the source must keep running;
+// the image then restores with its heap intact (the binary's restore step
+// succeeds).
+func TestCheckpointResumeHookFailureKeepsImage(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		// kept: files a finished image holds.
+		kept []string
+	}{
+		{"plain", nil, []string{"checkpoint.img", "pages_meta.img", "pages.img"}},
+		{"shared base", []string{"--shared-base"}, []string{"checkpoint.img", "pages_meta.img", "pages.img", "base.img", "files.json", "base.json"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := startSource(t, "runsc", 32)
+			image := filepath.Join(src.dir, "image")
+			before := lastTick(t, src.out).N
+			flags := append([]string{"--leave-running", "--save-restore-exec-argv", "/workload -exit 3 -exit-in-mode resume"}, tc.flags...)
+			err := src.r.Checkpoint("source", image, flags...)
+			if err == nil {
+				t.Fatal("checkpoint succeeded although its save/restore binary failed after the resume")
+			}
+			msg := lastLine(err.Error())
+			for _, want := range []string{"/workload exited with non-zero status", "the sandbox was saved and resumed", "the image in " + image + " is complete and was kept"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("checkpoint error %q does not say %q", msg, want)
+				}
+			}
+			for _, name := range tc.kept {
+				if _, err := os.Stat(filepath.Join(image, name)); err != nil {
+					t.Errorf("the checkpoint did not keep %s: %v", name, err)
+				}
+			}
+			n := len(sandbox.Lines(src.out))
+			if _, _, err := sandbox.WaitTick(src.out, n, 10*time.Second, func(sandbox.Tick) bool { return true }); err != nil {
+				t.Fatalf("source after the checkpoint: %v", err)
+			}
+			src.r.Destroy("source")
+			out := filepath.Join(src.dir, "clone.out")
+			tk, _, err := src.r.RestoreFirstTick(src.bundle, "clone", image, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tk.N <= before || !tk.OK {
+				t.Fatalf("clone: first tick %d, heap ok %t; want a tick after %d with sum=ok", tk.N, tk.OK, before)
+			}
+			waitTick(t, out, 0, "a full heap check", func(k sandbox.Tick) bool { return k.N >= tk.N+32/4+1 })
+		})
+	}
+}
+
 // fillFS allocates every free block of the filesystem holding dir to a new
 // file, until the filesystem answers ENOSPC, and returns a function that
 // frees them again.

@@ -67,6 +67,11 @@ func pattern(i int) uint64 {
 	return mix(i) ^ seedMix
 }
 
+// saveRestoreModeEnv names the variable in which runsc tells the binary of
+// `runsc checkpoint --save-restore-exec-argv` why it runs: "save", "restore"
+// or "resume".
+const saveRestoreModeEnv = "GVISOR_SAVE_RESTORE_AUTO_EXEC_MODE"
+
 const (
 	wordsPerPage = 4096 / 8
 	windowWords  = (2 << 20) / 8
@@ -79,6 +84,7 @@ func main() {
 	send := flag.String("send", "", "write this command to the command file and exit")
 	cat := flag.String("cat", "", "print this file and exit (the image has no cat)")
 	exit := flag.Int("exit", -1, "if >= 0, print one line and exit with this status at once")
+	exitInMode := flag.String("exit-in-mode", "", "with -exit: exit with that status only when run as gVisor's save/restore binary in this mode (save, restore or resume, from "+saveRestoreModeEnv+"), and with 0 otherwise")
 	checkMiB := flag.Int("check-mib", 4, "MiB of the heap checked per tick")
 	filePath := flag.String("file", "", "if set, a file in the writable layer: written with a pattern at start (unless it exists), then checked like the heap")
 	fileMiB := flag.Int("file-mib", 16, "size of -file in MiB")
@@ -94,8 +100,12 @@ func main() {
 	}
 
 	if *exit >= 0 {
-		fmt.Printf("exiting %d\n", *exit)
-		os.Exit(*exit)
+		status := *exit
+		if *exitInMode != "" && os.Getenv(saveRestoreModeEnv) != *exitInMode {
+			status = 0
+		}
+		fmt.Printf("exiting %d\n", status)
+		os.Exit(status)
 	}
 	if *cat != "" {
 		b, err := os.ReadFile(*cat)
