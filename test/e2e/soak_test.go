@@ -111,9 +111,19 @@ func TestParkRestoreSoak(t *testing.T) {
 		if i == 1 {
 			firstDelta = st.Size()
 		}
+		if i%25 == 0 && i != rounds {
+			t.Logf("generation %d: delta of %d bytes", i, st.Size())
+		}
 		if i == rounds {
 			t.Logf("%d generations; delta of the first %d bytes, of the last %d bytes", rounds, firstDelta, st.Size())
-			if st.Size() > 2*firstDelta+(1<<20) {
+			// The delta holds every page that any generation wrote, so it
+			// grows with the time the workload ran, not only with the
+			// generations: on a quiet host 100 generations took it from
+			// 116 to 368 KiB and 250 generations from 124 to 500 KiB
+			// (sub-linear), but from 140 KiB to 1.3 MiB while CI ran
+			// other tests beside it. A leak of six pages (24 KiB) per
+			// generation or more goes past this bound.
+			if st.Size() > 2*firstDelta+(2<<20) {
 				t.Errorf("the delta grew from %d to %d bytes over %d generations of an idle workload", firstDelta, st.Size(), rounds)
 			}
 		}
