@@ -122,7 +122,8 @@ func TestParkRestoreSoak(t *testing.T) {
 			// 116 to 368 KiB and 250 generations from 124 to 500 KiB
 			// (sub-linear), but from 140 KiB to 1.3 MiB while CI ran
 			// other tests beside it. A leak of six pages (24 KiB) per
-			// generation or more goes past this bound.
+			// generation or more goes past this bound over the default 100
+			// generations.
 			if st.Size() > 2*firstDelta+(2<<20) {
 				t.Errorf("the delta grew from %d to %d bytes over %d generations of an idle workload", firstDelta, st.Size(), rounds)
 			}
